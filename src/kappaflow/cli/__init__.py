@@ -1,0 +1,42 @@
+"""The ``kappaflow`` command line."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kappaflow.cli.app import cli
+from kappaflow.errors import KappaflowError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; every expected failure is one line on stderr and a non-zero exit."""
+    try:
+        cli.main(args=argv, prog_name="kappaflow", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("kappaflow: interrupted", err=True)
+        return 130
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"kappaflow: error: {exc.format_message()}{hint}", err=True)
+        return 2
+    except click.ClickException as exc:
+        click.echo(f"kappaflow: error: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except KappaflowError as exc:
+        click.echo(f"kappaflow: error[{exc.code}]: {exc}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("kappaflow: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        # `kappaflow consume … | head` closed our stdout: that is how a pipe ends.
+        sys.stderr.close()
+        return 0
+    return 0
+
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,159 @@
+"""``setup``, ``kafka``, ``redis``, ``up``, ``down``, ``status``: the embedded services."""
+
+from __future__ import annotations
+
+import click
+
+from kappaflow import services as svc
+from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.output import json_line, say, table, when
+from kappaflow.errors import ServiceError
+from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
+
+
+@click.command()
+@pass_context
+def setup(ctx: Context) -> None:
+    """Check prerequisites and resolve the JVM artifacts from Maven Central (idempotent)."""
+    from kappaflow.install import find_java, resolve_all
+
+    settings = ctx.settings
+    java = find_java()
+    say(f"java {java.version} at {java.executable}")
+    for line in resolve_all(settings):
+        say(f"resolved {line}")
+    say(f"redis-server at {find_redis_server(settings.redis.binary)}")
+    say(f"jars ready in {settings.jars_path}")
+
+
+def _embedded_kafka(ctx: Context) -> EmbeddedBroker:
+    if not ctx.settings.kafka.embedded:
+        raise ServiceError(
+            f"Kafka is external ({ctx.settings.kafka.bootstrap}): kappaflow does not manage it"
+        )
+    return EmbeddedBroker(ctx.settings)
+
+
+def _embedded_redis(ctx: Context) -> EmbeddedRedis:
+    if not ctx.settings.redis.embedded:
+        raise ServiceError("Redis is external (redis.url is set): kappaflow does not manage it")
+    return EmbeddedRedis(ctx.settings)
+
+
+@click.group()
+def kafka() -> None:
+    """The embedded single-node Kafka broker (KRaft)."""
+
+
+@kafka.command("start")
+@pass_context
+def kafka_start(ctx: Context) -> None:
+    """Start the broker and wait until it answers."""
+    broker = _embedded_kafka(ctx)
+    stale = broker.process.clear_stale()
+    if stale is not None:
+        say(f"removed a stale pid file (pid {stale} is not a kappaflow broker)")
+    started = broker.start()
+    say(f"kafka {'started' if started else 'already running'} on {broker.bootstrap}")
+
+
+@kafka.command("stop")
+@click.option("--timeout", default=30.0, show_default=True, help="seconds before SIGKILL")
+@pass_context
+def kafka_stop(ctx: Context, timeout: float) -> None:
+    """Stop the broker: controlled shutdown, then SIGKILL after the timeout."""
+    stopped = _embedded_kafka(ctx).stop(timeout=timeout)
+    say("kafka stopped" if stopped else "kafka was not running")
+
+
+@kafka.command("status")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@pass_context
+def kafka_status(ctx: Context, as_json: bool) -> None:
+    """Whether the broker runs, its pid, address and data directory."""
+    status = _embedded_kafka(ctx).status()
+    row = {"state": status.state.value, "pid": status.pid, "bootstrap": status.bootstrap,
+           "data_dir": str(status.data_dir), "started_at": when(status.started_at)}
+    if as_json:
+        json_line(row)
+    else:
+        table(None, list(row), [list(row.values())])
+
+
+@kafka.command("logs")
+@click.option("-n", "--lines", default=50, show_default=True, help="how many lines")
+@pass_context
+def kafka_logs(ctx: Context, lines: int) -> None:
+    """The last lines of the broker's server.log."""
+    for line in _embedded_kafka(ctx).logs(lines):
+        click.echo(line)
+
+
+@click.group()
+def redis() -> None:
+    """The embedded Redis, the serving store."""
+
+
+@redis.command("start")
+@pass_context
+def redis_start(ctx: Context) -> None:
+    """Start Redis and wait until it answers PING."""
+    store = _embedded_redis(ctx)
+    started = store.start()
+    say(f"redis {'started' if started else 'already running'} on {store.url}")
+
+
+@redis.command("stop")
+@pass_context
+def redis_stop(ctx: Context) -> None:
+    """Stop Redis (its append-only file keeps the data)."""
+    stopped = _embedded_redis(ctx).stop()
+    say("redis stopped" if stopped else "redis was not running")
+
+
+@redis.command("status")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@pass_context
+def redis_status(ctx: Context, as_json: bool) -> None:
+    """Whether Redis runs, its pid and address."""
+    status = _embedded_redis(ctx).status()
+    row = {"state": status.state.value, "pid": status.pid, "url": status.url,
+           "started_at": when(status.started_at)}
+    if as_json:
+        json_line(row)
+    else:
+        table(None, list(row), [list(row.values())])
+
+
+@click.command()
+@pass_context
+def up(ctx: Context) -> None:
+    """Start every embedded service (Kafka, Redis) that is not running."""
+    for line in svc.up(ctx.settings):
+        say(line)
+
+
+@click.command()
+@pass_context
+def down(ctx: Context) -> None:
+    """Stop every embedded service."""
+    for line in svc.down(ctx.settings):
+        say(line)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="print JSON lines")
+@pass_context
+def status(ctx: Context, as_json: bool) -> None:
+    """The state of every service, embedded or external."""
+    rows = svc.status(ctx.settings)
+    if as_json:
+        for row in rows:
+            json_line(row.as_dict())
+    else:
+        table(None, ["service", "state", "address", "pid"],
+              [[r.service, r.state, r.address, r.pid] for r in rows])
+
+
+COMMANDS = (setup, kafka, redis, up, down, status)

@@ -1,0 +1,110 @@
+"""The JVM classpaths kappaflow needs, resolved once into the state directory.
+
+Two separate sets, because the broker and Spark pin different Scala, Jackson and slf4j
+versions and must never share a classpath: the Kafka broker's runtime classpath, and the
+four connector jars Spark needs on top of what PySpark ships.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from kappaflow.errors import SetupError
+from kappaflow.install.maven import copy_dependencies, find_or_fetch_maven
+from kappaflow.settings import Settings
+
+_STAMP = ".resolved"
+
+
+@dataclass(frozen=True)
+class JarSet:
+    name: str
+    pom_resource: str
+    include_artifact_ids: tuple[str, ...] = ()
+
+    def directory(self, settings: Settings) -> Path:
+        return settings.jars_path / self.name
+
+    def pom_text(self) -> str:
+        return resources.files("kappaflow.install").joinpath("poms", self.pom_resource).read_text()
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.pom_text().encode()).hexdigest()
+
+    def is_resolved(self, settings: Settings) -> bool:
+        stamp = self.directory(settings) / _STAMP
+        return stamp.is_file() and stamp.read_text().strip() == self.fingerprint()
+
+    def jars(self, settings: Settings) -> list[Path]:
+        """The resolved jars; a clear error if setup has not run."""
+        if not self.is_resolved(settings):
+            raise SetupError(
+                f"the {self.name} jars are not resolved in {self.directory(settings)}: "
+                "run `make setup` (or `kappaflow setup`)"
+            )
+        return sorted(self.directory(settings).glob("*.jar"))
+
+
+KAFKA_BROKER = JarSet("kafka", "kafka-broker.xml")
+SPARK_CONNECTOR = JarSet(
+    "spark",
+    "spark-kafka.xml",
+    (
+        "spark-sql-kafka-0-10_2.13",
+        "spark-token-provider-kafka-0-10_2.13",
+        "kafka-clients",
+        "commons-pool2",
+    ),
+)
+
+
+def kafka_broker_jars(settings: Settings) -> list[Path]:
+    return KAFKA_BROKER.jars(settings)
+
+
+def spark_connector_jars(settings: Settings) -> list[Path]:
+    return SPARK_CONNECTOR.jars(settings)
+
+
+def resolve_all(settings: Settings) -> list[str]:
+    """Resolve every jar set that is missing or whose POM changed; return what was done."""
+    done: list[str] = []
+    pending = [s for s in (KAFKA_BROKER, SPARK_CONNECTOR) if not s.is_resolved(settings)]
+    if not pending:
+        return done
+    root = settings.jars_path.resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SetupError(f"cannot create {root}: {exc.strerror}") from None
+    mvn = find_or_fetch_maven(settings.state_dir.resolve() / "tools")
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        poms = Path(scratch)
+        settings_xml = poms / "maven-settings.xml"
+        settings_xml.write_text(
+            resources.files("kappaflow.install").joinpath("poms", "maven-settings.xml").read_text()
+        )
+        for jar_set in pending:
+            pom = poms / jar_set.pom_resource
+            pom.write_text(jar_set.pom_text())
+            staging = poms / f"{jar_set.name}-jars"
+            copy_dependencies(
+                mvn,
+                pom=pom,
+                settings_xml=settings_xml,
+                local_repo=root / "m2",
+                output_dir=staging,
+                include_artifact_ids=jar_set.include_artifact_ids,
+            )
+            (staging / _STAMP).write_text(jar_set.fingerprint() + "\n")
+            target = jar_set.directory(settings)
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.move(str(staging), target)
+            done.append(f"{jar_set.name}: {len(list(target.glob('*.jar')))} jars in {target}")
+    return done

@@ -1,0 +1,65 @@
+"""Finding a Java runtime that the broker and Spark both accept (17 or newer)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kappaflow.errors import SetupError
+
+MIN_JAVA = 17
+
+_HOW = (
+    "install a JDK 17 or newer (Debian/Ubuntu: sudo apt-get install openjdk-17-jdk-headless) "
+    "and put it on PATH or set JAVA_HOME"
+)
+
+
+@dataclass(frozen=True)
+class JavaInfo:
+    executable: Path
+    major: int
+    version: str
+
+
+def find_java() -> JavaInfo:
+    """The ``java`` from ``$JAVA_HOME`` or ``PATH``, checked to be 17 or newer."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = Path(home) / "bin" / "java" if home else None
+    if candidate is None or not candidate.exists():
+        found = shutil.which("java")
+        if found is None:
+            raise SetupError(f"Java not found: {_HOW}")
+        candidate = Path(found)
+    try:
+        out = subprocess.run(
+            [str(candidate), "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError as exc:
+        raise SetupError(f"cannot run {candidate}: {exc.strerror}; {_HOW}") from None
+    version = _parse_version(out.stderr + out.stdout)
+    if version is None:
+        raise SetupError(f"cannot read the version of {candidate}; {_HOW}")
+    major = _major(version)
+    if major < MIN_JAVA:
+        raise SetupError(f"Java {version} at {candidate} is too old: need {MIN_JAVA}+; {_HOW}")
+    return JavaInfo(candidate, major, version)
+
+
+def _parse_version(text: str) -> str | None:
+    match = re.search(r'version "([^"]+)"', text)
+    return match.group(1) if match else None
+
+
+def _major(version: str) -> int:
+    # "1.8.0_392" is Java 8; "17.0.15" is 17; "21" is 21.
+    numbers = [int(n) for n in re.findall(r"\d+", version)[:2]]
+    if not numbers:
+        return 0
+    if numbers[0] == 1 and len(numbers) > 1:
+        return numbers[1]
+    return numbers[0]

@@ -1,0 +1,127 @@
+"""Topic administration: create, list, describe, delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource, NewTopic
+
+from kappaflow.errors import InputError, KafkaError, TopicNotFoundError
+from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe
+from kappaflow.settings import KafkaSettings
+
+INTERNAL_PREFIX = "__"
+
+
+def parse_configs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["retention.ms=1000", ...]`` as a dict; a pair without ``=`` is an error."""
+    configs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"invalid topic config {pair!r}: use key=value, e.g. retention.ms=60000")
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def create_topic(
+    kafka: KafkaSettings,
+    name: str,
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    configs: dict[str, str] | None = None,
+    exist_ok: bool = False,
+) -> bool:
+    """Create a topic; True if created, False if it existed and ``exist_ok``."""
+    if partitions < 1 or replication_factor < 1:
+        raise InputError("partitions and replication factor must be at least 1")
+    cluster_metadata(kafka)
+    new = NewTopic(name, partitions, replication_factor, config=configs or {})
+    future = admin(kafka).create_topics([new], request_timeout=kafka.timeout_s)[name]
+    try:
+        future.result(timeout=kafka.timeout_s)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.name() == "TOPIC_ALREADY_EXISTS":
+            if exist_ok:
+                return False
+            raise KafkaError(f"topic {name!r} already exists") from None
+        raise KafkaError(f"cannot create topic {name!r}: {describe(exc)}") from None
+    return True
+
+
+def list_topics(kafka: KafkaSettings, *, include_internal: bool = False) -> list[dict[str, Any]]:
+    metadata = cluster_metadata(kafka)
+    rows = [
+        {"name": name, "partitions": len(topic.partitions)}
+        for name, topic in metadata.topics.items()
+        if include_internal or not name.startswith(INTERNAL_PREFIX)
+    ]
+    return sorted(rows, key=lambda row: str(row["name"]))
+
+
+def topic_partitions(kafka: KafkaSettings, name: str) -> list[int]:
+    """Partition ids of ``name``; TopicNotFoundError if it does not exist."""
+    metadata = cluster_metadata(kafka)
+    topic = metadata.topics.get(name)
+    if topic is None or topic.error is not None:
+        raise TopicNotFoundError(f"topic {name!r} does not exist (see `kappaflow topics list`)")
+    return sorted(topic.partitions)
+
+
+def describe_topic(kafka: KafkaSettings, name: str) -> dict[str, Any]:
+    """Partitions with leaders, replicas, ISR and offsets; non-default configs."""
+    metadata = cluster_metadata(kafka)
+    topic = metadata.topics.get(name)
+    if topic is None or topic.error is not None:
+        raise TopicNotFoundError(f"topic {name!r} does not exist (see `kappaflow topics list`)")
+    reader = consumer(kafka)
+    try:
+        partitions = []
+        for pid in sorted(topic.partitions):
+            part = topic.partitions[pid]
+            low, high = reader.get_watermark_offsets(
+                TopicPartition(name, pid), timeout=kafka.timeout_s
+            )
+            partitions.append(
+                {
+                    "partition": pid,
+                    "leader": part.leader,
+                    "replicas": list(part.replicas),
+                    "isr": list(part.isrs),
+                    "low_offset": low,
+                    "high_offset": high,
+                }
+            )
+    finally:
+        reader.close()
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    try:
+        entries = admin(kafka).describe_configs([resource])[resource].result(
+            timeout=kafka.timeout_s
+        )
+    except KafkaException as exc:
+        raise KafkaError(f"cannot read configs of {name!r}: {describe(exc)}") from None
+    configs = {
+        key: entry.value
+        for key, entry in sorted(entries.items())
+        if not entry.is_default and entry.value is not None
+    }
+    return {
+        "name": name,
+        "partitions": partitions,
+        "replication_factor": len(partitions[0]["replicas"]) if partitions else 0,
+        "messages": sum(p["high_offset"] - p["low_offset"] for p in partitions),
+        "configs": configs,
+    }
+
+
+def delete_topic(kafka: KafkaSettings, name: str) -> None:
+    topic_partitions(kafka, name)
+    future = admin(kafka).delete_topics([name], request_timeout=kafka.timeout_s)[name]
+    try:
+        future.result(timeout=kafka.timeout_s)
+    except KafkaException as exc:
+        raise KafkaError(f"cannot delete topic {name!r}: {describe(exc)}") from None

@@ -1,0 +1,194 @@
+"""Background processes that outlive the command that started them.
+
+Each managed process has a pid file and a marker: a string that must appear in its
+command line. A pid file whose process is gone, or whose pid now belongs to some other
+program, is stale and is reported and cleared rather than trusted.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from kappaflow.errors import ServiceError
+
+T = TypeVar("T")
+
+
+def wait_for(
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.2,
+    what: str,
+) -> T:
+    """Call ``check`` until it returns something other than ``None``; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ProcState(enum.StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    STALE = "stale"
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    state: ProcState
+    pid: int | None = None
+    started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    """A detached process identified by a pid file and a command-line marker."""
+
+    name: str
+    pid_file: Path
+    marker: str
+
+    def status(self) -> ProcStatus:
+        pid = self._read_pid()
+        if pid is None:
+            return ProcStatus(ProcState.STOPPED)
+        proc = self._find(pid)
+        if proc is None:
+            return ProcStatus(ProcState.STALE, pid)
+        return ProcStatus(ProcState.RUNNING, pid, proc.create_time())
+
+    def clear_stale(self) -> int | None:
+        """Remove a stale pid file; return the pid it named, if it was stale."""
+        status = self.status()
+        if status.state is ProcState.STALE:
+            self.pid_file.unlink(missing_ok=True)
+            return status.pid
+        return None
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        log_file: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> int:
+        """Start ``argv`` in a new session, output appended to ``log_file``; record its pid."""
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                # A session of its own: Ctrl-C in the starting terminal must not reach it.
+                start_new_session=True,
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def alive(self, pid: int) -> bool:
+        return self._find(pid) is not None
+
+    def stop(self, *, timeout: float, sig: signal.Signals = signal.SIGTERM) -> bool:
+        """Ask the process to stop, kill it after ``timeout``; True if it was running."""
+        status = self.status()
+        if status.state is not ProcState.RUNNING or status.pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        pid = status.pid
+        try:
+            os.kill(pid, sig)
+            wait_for(lambda: True if not self._exists(pid) else None, timeout=timeout,
+                     what=f"{self.name} to stop")
+        except TimeoutError:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                wait_for(lambda: True if not self._exists(pid) else None, timeout=10,
+                         what=f"{self.name} to die")
+            except TimeoutError:
+                raise ServiceError(f"{self.name} (pid {pid}) survived SIGKILL") from None
+        except ProcessLookupError:
+            pass
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def _read_pid(self) -> int | None:
+        try:
+            text = self.pid_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return int(text) if text.isdigit() else -1
+
+    def _find(self, pid: int) -> psutil.Process | None:
+        if pid <= 0:
+            return None
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc if any(self.marker in arg for arg in proc.cmdline()) else None
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    @staticmethod
+    def _exists(pid: int) -> bool:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                # Reap it if it is our child; otherwise its parent will.
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                return False
+            return True
+        except psutil.NoSuchProcess:
+            return False
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True if ``host:port`` cannot be bound, as the service about to start would."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of a text file (empty if it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 256 * 1024))
+            data = handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return data.splitlines()[-lines:]

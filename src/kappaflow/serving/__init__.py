@@ -1,0 +1,1 @@
+"""The serving store: where results are kept for queries while jobs run."""

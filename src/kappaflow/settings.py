@@ -1,0 +1,246 @@
+"""One typed, immutable settings object for the whole platform.
+
+Sources, highest precedence first: explicit overrides (CLI flags), ``KAPPAFLOW_*``
+environment variables (nested with ``__``: ``KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS``),
+the TOML file (``--config``, ``$KAPPAFLOW_CONFIG`` or ``./kappaflow.toml``), defaults.
+Kafka client and Spark options are derived here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from kappaflow.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("kappaflow.toml")
+
+_config_file: ContextVar[Path | None] = ContextVar("kappaflow_config_file", default=None)
+
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Section):
+    """Where the event log lives, and how clients reach it."""
+
+    bootstrap_servers: str | None = Field(
+        default=None,
+        description="host:port[,host:port] of an external cluster; unset means the embedded broker",
+    )
+    host: str = Field(default="127.0.0.1", description="address the embedded broker listens on")
+    port: int = Field(default=9092, ge=1, le=65535, description="embedded broker's client port")
+    controller_port: int = Field(
+        default=9093, ge=1, le=65535, description="embedded broker's KRaft controller port"
+    )
+    heap: str = Field(default="512m", description="embedded broker's JVM heap (-Xmx)")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = Field(default=None, description="PEM file of trusted CAs")
+    client_options: dict[str, str] = Field(
+        default_factory=dict, description="extra librdkafka properties for Python clients"
+    )
+    spark_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra Java client properties for Spark's connector (without 'kafka.')",
+    )
+    timeout_s: float = Field(default=10.0, gt=0, description="admin and metadata request timeout")
+
+    @property
+    def embedded(self) -> bool:
+        return self.bootstrap_servers is None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or f"{self.host}:{self.port}"
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka properties for confluent-kafka producers, consumers and admins."""
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism is not None:
+            config["sasl.mechanism"] = self.sasl_mechanism
+            config["sasl.username"] = self.sasl_username or ""
+            config["sasl.password"] = self._password()
+        if self.ssl_ca_location is not None:
+            config["ssl.ca.location"] = str(self.ssl_ca_location)
+        config.update(self.client_options)
+        return config
+
+    def spark_kafka_options(self) -> dict[str, str]:
+        """Options for Spark's Kafka source and sink (Java client names, ``kafka.`` prefix)."""
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism is not None:
+            config["sasl.mechanism"] = self.sasl_mechanism
+            module = _JAAS_MODULES[self.sasl_mechanism]
+            user = _jaas_quote(self.sasl_username or "")
+            password = _jaas_quote(self._password())
+            config["sasl.jaas.config"] = (
+                f'{module} required username="{user}" password="{password}";'
+            )
+        if self.ssl_ca_location is not None:
+            # Java clients read PEM trust stores directly since Kafka 2.7 (KIP-651).
+            config["ssl.truststore.type"] = "PEM"
+            config["ssl.truststore.location"] = str(self.ssl_ca_location)
+        config.update(self.spark_options)
+        return {f"kafka.{key}": value for key, value in config.items()}
+
+    def _password(self) -> str:
+        return self.sasl_password.get_secret_value() if self.sasl_password else ""
+
+
+def _jaas_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+_MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://.+|yarn|k8s://.+|mesos://.+)$")
+
+
+class SparkSettings(_Section):
+    """How the processing engine runs."""
+
+    master: str = Field(default="local[*]", description="local[*], spark://host:7077, yarn, k8s://…")
+    driver_memory: str = Field(default="2g", description="spark.driver.memory for job drivers")
+    shuffle_partitions: int = Field(default=4, ge=1, description="spark.sql.shuffle.partitions")
+    ui: bool = Field(default=False, description="start the Spark web UI")
+    conf: dict[str, str] = Field(default_factory=dict, description="any further spark.* options")
+
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, value: str) -> str:
+        if not _MASTER.match(value):
+            raise ValueError(
+                f"unknown Spark master {value!r}: use local[*], local[N], spark://host:port, "
+                "yarn or k8s://https://host:port"
+            )
+        return value
+
+
+class RedisSettings(_Section):
+    """The serving store."""
+
+    url: str | None = Field(
+        default=None, description="redis://host:port/db of an external Redis; unset = embedded"
+    )
+    host: str = Field(default="127.0.0.1", description="address the embedded Redis listens on")
+    port: int = Field(default=6379, ge=1, le=65535, description="embedded Redis port")
+    binary: Path | None = Field(
+        default=None, description="redis-server to run; default: PATH, then the bundled one"
+    )
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+    @property
+    def effective_url(self) -> str:
+        return self.url or f"redis://{self.host}:{self.port}/0"
+
+
+class Settings(BaseSettings):
+    """Everything configurable in kappaflow, validated once, immutable afterwards."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KAPPAFLOW_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    state_dir: Path = Field(
+        default=Path(".kappaflow"),
+        description="where embedded services, checkpoints, job logs and jars live",
+    )
+    jars_dir: Path | None = Field(
+        default=None, description="resolved JVM artifacts; default: <state_dir>/jars"
+    )
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _config_file.get()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    @property
+    def jars_path(self) -> Path:
+        return self.jars_dir if self.jars_dir is not None else self.state_dir / "jars"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.state_dir / "checkpoints"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_dir / "jobs"
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Resolve settings from overrides, environment, the TOML file and defaults.
+
+    ``overrides`` use the field names (``state_dir=...``, ``kafka={"port": 19092}``);
+    ``None`` values are ignored so CLI flags that were not given do not mask lower sources.
+    """
+    path = _find_config_file(config_file)
+    given = {key: value for key, value in overrides.items() if value is not None}
+    token = _config_file.set(path)
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        source = f" in {path}" if path is not None else ""
+        raise ConfigError(f"invalid setting {where}{source}: {first['msg']}{more}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot parse {path}: {exc}") from None
+    finally:
+        _config_file.reset(token)
+
+
+def _find_config_file(explicit: Path | None) -> Path | None:
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"configuration file {explicit} does not exist")
+        return explicit
+    from_env = os.environ.get("KAPPAFLOW_CONFIG")
+    if from_env:
+        return _find_config_file(Path(from_env))
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None

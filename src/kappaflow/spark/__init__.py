@@ -1,0 +1,1 @@
+"""The processing engine: Spark sessions, Kafka sources and sinks, jobs."""

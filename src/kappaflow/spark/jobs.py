@@ -1,0 +1,197 @@
+"""Streaming jobs as processes of their own, found and managed by name.
+
+A job lives in ``<state_dir>/jobs/<name>/``: ``job.json`` (its definition and state,
+written by the CLI and then by the job's driver), ``driver.log`` and ``progress.json``.
+Its Spark checkpoint lives in ``<state_dir>/checkpoints/<name>/``, so starting a job of
+the same name again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kappaflow.errors import JobError
+from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
+from kappaflow.settings import Settings
+from kappaflow.timeutil import iso
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+
+#: States a job record can hold; "crashed" is derived: the record says it runs, no process does.
+ACTIVE_STATES = ("starting", "running")
+
+
+@dataclass
+class JobRecord:
+    name: str
+    pipeline: str
+    params: dict[str, str]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+    state: str = "starting"
+    pid: int | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> JobRecord:
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        scratch = path.with_suffix(".tmp")
+        scratch.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        scratch.replace(path)  # atomic: a reader never sees half a record
+
+
+def validate_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise JobError(
+            f"invalid job name {name!r}: use letters, digits, '.', '_' and '-' (max 101)"
+        )
+    return name
+
+
+class JobManager:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = settings.jobs_dir.resolve()
+
+    def job_dir(self, name: str) -> Path:
+        return self.root / validate_name(name)
+
+    def _process(self, name: str) -> ManagedProcess:
+        home = self.job_dir(name)
+        return ManagedProcess(f"job {name}", home / "driver.pid", f"--kappaflow-job={home}")
+
+    def start(
+        self,
+        name: str,
+        pipeline: str,
+        params: dict[str, str],
+        *,
+        overrides: dict[str, Any] | None = None,
+        config_file: Path | None = None,
+        wait: bool = True,
+        timeout: float = START_TIMEOUT_S,
+    ) -> JobRecord:
+        """Start the job's driver; with ``wait``, return once its queries run."""
+        from kappaflow.pipelines import get_pipeline
+
+        get_pipeline(pipeline)  # an unknown pipeline fails here, not in the background
+        home = self.job_dir(name)
+        process = self._process(name)
+        if process.status().state is ProcState.RUNNING:
+            raise JobError(f"job {name!r} is already running (pid {process.status().pid})")
+        process.clear_stale()
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JobError(f"cannot create {home}: {exc.strerror}") from None
+        record = JobRecord(
+            name=name,
+            pipeline=pipeline,
+            params=dict(params),
+            overrides=_jsonable(overrides or {}),
+            config_file=str(config_file.resolve()) if config_file else None,
+            started_at=iso(datetime.now(UTC)),
+        )
+        record.save(home / "job.json")
+        argv = [sys.executable, "-m", "kappaflow.spark.runner", f"--kappaflow-job={home}"]
+        env = dict(os.environ)
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        # The driver records its own pid and state from here on.
+        pid = process.spawn(argv, log_file=home / "driver.log", env=env)
+        if wait:
+            return self._wait_running(name, pid, timeout)
+        record.pid = pid
+        return record
+
+    def _wait_running(self, name: str, pid: int, timeout: float) -> JobRecord:
+        home = self.job_dir(name)
+        process = self._process(name)
+
+        def running() -> JobRecord | None:
+            record = JobRecord.load(home / "job.json")
+            if record.state == "running" or record.state == "finished":
+                return record
+            if record.state == "failed":
+                raise JobError(f"job {name!r} failed to start: {record.error}")
+            if not process.alive(pid):
+                last = tail(home / "driver.log", 1)
+                raise JobError(
+                    f"job {name!r} exited during start-up: {last[-1] if last else '?'} "
+                    f"(log: {home / 'driver.log'})"
+                )
+            return None
+
+        try:
+            return wait_for(running, timeout=timeout, interval=0.5, what=f"job {name} to start")
+        except TimeoutError:
+            raise JobError(
+                f"job {name!r} did not start within {timeout:.0f}s (log: {home / 'driver.log'})"
+            ) from None
+
+    def get(self, name: str) -> JobRecord:
+        path = self.job_dir(name) / "job.json"
+        if not path.exists():
+            raise JobError(f"no job named {name!r} (see `kappaflow jobs list`)")
+        record = JobRecord.load(path)
+        if record.state in ACTIVE_STATES and self._process(name).status().state is not ProcState.RUNNING:
+            record.state = "crashed"
+        return record
+
+    def list(self) -> list[JobRecord]:
+        if not self.root.exists():
+            return []
+        names = sorted(p.parent.name for p in self.root.glob("*/job.json"))
+        return [self.get(name) for name in names]
+
+    def stop(self, name: str, *, timeout: float = STOP_TIMEOUT_S) -> JobRecord:
+        """Stop the job gracefully (its queries finish their batch), forcefully after timeout."""
+        record = self.get(name)
+        process = self._process(name)
+        if process.status().state is not ProcState.RUNNING:
+            process.clear_stale()
+            raise JobError(f"job {name!r} is not running (state: {record.state})")
+        process.stop(timeout=timeout, sig=signal.SIGTERM)
+        record = JobRecord.load(self.job_dir(name) / "job.json")
+        if record.state in ACTIVE_STATES:
+            # The driver did not get to record its end: it was killed after the timeout.
+            record.state = "killed"
+            record.ended_at = iso(datetime.now(UTC))
+            record.save(self.job_dir(name) / "job.json")
+        return record
+
+    def progress(self, name: str) -> dict[str, Any]:
+        path = self.job_dir(name) / "progress.json"
+        if not path.exists():
+            return {}
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
+
+    def log_lines(self, name: str, lines: int = 50) -> list[str]:
+        self.get(name)
+        return tail(self.job_dir(name) / "driver.log", lines)
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out[key] = _jsonable(value)
+        elif isinstance(value, Path):
+            out[key] = str(value.resolve())
+        else:
+            out[key] = value
+    return out

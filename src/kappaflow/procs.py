@@ -57,11 +57,15 @@ class ProcStatus:
 
 @dataclass(frozen=True)
 class ManagedProcess:
-    """A detached process identified by a pid file and a command-line marker."""
+    """A detached process identified by a pid file and command-line markers.
+
+    The process counts as ours when any marker appears in its command line (several,
+    because some programs, such as redis-server, rewrite their title after start-up).
+    """
 
     name: str
     pid_file: Path
-    marker: str
+    markers: tuple[str, ...]
 
     def status(self) -> ProcStatus:
         pid = self._read_pid()
@@ -148,7 +152,8 @@ class ManagedProcess:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
-            return proc if any(self.marker in arg for arg in proc.cmdline()) else None
+            cmdline = " ".join(proc.cmdline())
+            return proc if any(marker in cmdline for marker in self.markers) else None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
 

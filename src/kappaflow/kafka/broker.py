@@ -62,7 +62,7 @@ class EmbeddedBroker:
         self.log_dir = self.home / "logs"
         self.config_file = self.home / "server.properties"
         self.process = ManagedProcess(
-            "Kafka broker", self.home / "broker.pid", f"-Dkappaflow.kafka.home={self.home}"
+            "Kafka broker", self.home / "broker.pid", (f"-Dkappaflow.kafka.home={self.home}",)
         )
 
     @property

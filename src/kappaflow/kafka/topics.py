@@ -39,7 +39,9 @@ def create_topic(
         raise InputError("partitions and replication factor must be at least 1")
     cluster_metadata(kafka)
     new = NewTopic(name, partitions, replication_factor, config=configs or {})
-    future = admin(kafka).create_topics([new], request_timeout=kafka.timeout_s)[name]
+    # Keep the client referenced until the future resolves: a collected client aborts it.
+    client = admin(kafka)
+    future = client.create_topics([new], request_timeout=kafka.timeout_s)[name]
     try:
         future.result(timeout=kafka.timeout_s)
     except KafkaException as exc:
@@ -98,10 +100,9 @@ def describe_topic(kafka: KafkaSettings, name: str) -> dict[str, Any]:
     finally:
         reader.close()
     resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    client = admin(kafka)
     try:
-        entries = admin(kafka).describe_configs([resource])[resource].result(
-            timeout=kafka.timeout_s
-        )
+        entries = client.describe_configs([resource])[resource].result(timeout=kafka.timeout_s)
     except KafkaException as exc:
         raise KafkaError(f"cannot read configs of {name!r}: {describe(exc)}") from None
     configs = {
@@ -120,7 +121,8 @@ def describe_topic(kafka: KafkaSettings, name: str) -> dict[str, Any]:
 
 def delete_topic(kafka: KafkaSettings, name: str) -> None:
     topic_partitions(kafka, name)
-    future = admin(kafka).delete_topics([name], request_timeout=kafka.timeout_s)[name]
+    client = admin(kafka)
+    future = client.delete_topics([name], request_timeout=kafka.timeout_s)[name]
     try:
         future.result(timeout=kafka.timeout_s)
     except KafkaException as exc:

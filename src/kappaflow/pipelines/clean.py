@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.errors import JobError
+from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.pipelines.base import JobContext, Pipeline, register
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.timeutil import parse_duration
@@ -32,6 +33,9 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     source = ctx.param("source")
     dest = ctx.param("dest")
     dlq = ctx.param("dlq", f"{ctx.name}.dlq")
+    topic_partitions(ctx.settings.kafka, source)
+    for topic in (dest, dlq):
+        create_topic(ctx.settings.kafka, topic, exist_ok=True)
     raw = read_stream(
         ctx.spark, ctx.settings, source, starting_offsets=ctx.param("starting_offsets", "earliest")
     )
@@ -45,9 +49,13 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     coordinates = F.array(
         F.struct(F.lit("kf.topic").alias("key"), F.col("topic").cast("binary").alias("value")),
         F.struct(
-            F.lit("kf.partition").alias("key"), F.col("partition").cast("string").cast("binary")
+            F.lit("kf.partition").alias("key"),
+            F.col("partition").cast("string").cast("binary").alias("value"),
         ),
-        F.struct(F.lit("kf.offset").alias("key"), F.col("offset").cast("string").cast("binary")),
+        F.struct(
+            F.lit("kf.offset").alias("key"),
+            F.col("offset").cast("string").cast("binary").alias("value"),
+        ),
     )
     dead_letter = F.to_json(
         F.struct(

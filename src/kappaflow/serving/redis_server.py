@@ -56,7 +56,10 @@ class EmbeddedRedis:
         self.settings = settings
         self.home = (settings.state_dir / "redis").resolve()
         self.process = ManagedProcess(
-            "Redis", self.home / "redis.pid", f"{settings.redis.host}:{settings.redis.port}"
+            "Redis",
+            self.home / "redis.pid",
+            # argv before redis-server rewrites its title, and the title after.
+            (str(self.home), f"{settings.redis.host}:{settings.redis.port}"),
         )
 
     @property
@@ -87,7 +90,6 @@ class EmbeddedRedis:
             ) from None
         argv = [
             str(binary),
-            # The marker ManagedProcess looks for: redis-server shows "host:port" in its title.
             "--bind", host,
             "--port", str(port),
             "--dir", str(self.home),

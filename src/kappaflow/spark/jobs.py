@@ -72,7 +72,7 @@ class JobManager:
 
     def _process(self, name: str) -> ManagedProcess:
         home = self.job_dir(name)
-        return ManagedProcess(f"job {name}", home / "driver.pid", f"--kappaflow-job={home}")
+        return ManagedProcess(f"job {name}", home / "driver.pid", (f"--kappaflow-job={home}",))
 
     def start(
         self,

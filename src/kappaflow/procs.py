@@ -141,7 +141,7 @@ class ManagedProcess:
     def _read_pid(self) -> int | None:
         try:
             text = self.pid_file.read_text().strip()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         return int(text) if text.isdigit() else -1
 

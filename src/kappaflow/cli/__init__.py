@@ -29,13 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     except KappaflowError as exc:
         click.echo(f"kappaflow: error[{exc.code}]: {exc}", err=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("kappaflow: interrupted", err=True)
-        return 130
     except BrokenPipeError:
         # `kappaflow consume … | head` closed our stdout: that is how a pipe ends.
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        # The environment refused something (permissions, a path that is a file, a full
+        # disk): say what and where, without a traceback.
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"kappaflow: error: {exc.strerror or exc}{where}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        click.echo("kappaflow: interrupted", err=True)
+        return 130
     return 0
 
 

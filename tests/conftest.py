@@ -1,0 +1,149 @@
+"""Test fixtures: one real Kafka broker and one SparkSession for the whole session.
+
+Set KAPPAFLOW_TEST_BOOTSTRAP_SERVERS=host:port to run the suite against an existing
+Kafka cluster instead of the embedded broker. Every test works on fresh topic names.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.kafka.topics import create_topic
+from kappaflow.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+JARS = Path(os.environ.get("KAPPAFLOW_TEST_JARS_DIR", REPO / ".kappaflow" / "jars"))
+EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
+
+# The user's own KAPPAFLOW_* settings must not leak into the tests.
+for _key in [k for k in os.environ if k.startswith("KAPPAFLOW_") and "_TEST_" not in k]:
+    del os.environ[_key]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that make a `kappaflow` process use ``settings``."""
+    env = {
+        "KAPPAFLOW_STATE_DIR": str(settings.state_dir),
+        "KAPPAFLOW_JARS_DIR": str(settings.jars_path),
+        "KAPPAFLOW_KAFKA__PORT": str(settings.kafka.port),
+        "KAPPAFLOW_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
+        "KAPPAFLOW_REDIS__PORT": str(settings.redis.port),
+        "KAPPAFLOW_SPARK__MASTER": settings.spark.master,
+        "KAPPAFLOW_SPARK__SHUFFLE_PARTITIONS": str(settings.spark.shuffle_partitions),
+    }
+    if settings.kafka.bootstrap_servers:
+        env["KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS"] = settings.kafka.bootstrap_servers
+    return env
+
+
+def make_settings(state_dir: Path, **kafka: object) -> Settings:
+    return load_settings(
+        state_dir=state_dir,
+        jars_dir=JARS,
+        kafka=kafka or {"port": free_port(), "controller_port": free_port()},
+        redis={"port": free_port()},
+        spark={"master": "local[2]", "shuffle_partitions": 2},
+    )
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    state_dir = tmp_path_factory.mktemp("state")
+    if EXTERNAL_KAFKA:
+        return make_settings(state_dir, bootstrap_servers=EXTERNAL_KAFKA)
+    return make_settings(state_dir)
+
+
+@pytest.fixture(scope="session")
+def kafka(settings: Settings) -> Iterator[Settings]:
+    """Settings whose Kafka is running: the embedded broker, or the external cluster."""
+    if not settings.kafka.embedded:
+        yield settings
+        return
+    broker = EmbeddedBroker(settings)
+    broker.start()
+    try:
+        yield settings
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def new_topic(kafka: Settings) -> Callable[..., str]:
+    """Create a topic with a name no other test uses."""
+
+    def make(partitions: int = 1, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        create_topic(kafka.kafka, name, partitions=partitions)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def topic_name() -> str:
+    """A fresh name for a topic that does not exist yet."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def spark(kafka: Settings) -> Iterator[SparkSession]:
+    from kappaflow.spark.session import build_session
+
+    session = build_session(kafka, "kappaflow-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def lines(self) -> list[str]:
+        return [line for line in self.out.splitlines() if line.strip()]
+
+
+RunCli = Callable[..., Result]
+
+
+def run_kappaflow(
+    settings: Settings, *args: str, input: str | None = None, env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> Result:
+    """Run the real `kappaflow` command in a process of its own."""
+    full_env = {**os.environ, **settings_env(settings), **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kappaflow", *args],
+        input=input, capture_output=True, text=True, env=full_env, timeout=timeout, check=False,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli(kafka: Settings) -> RunCli:
+    def run(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
+        return run_kappaflow(kafka, *args, input=input, env=env)
+
+    return run

@@ -25,7 +25,7 @@ $(VENV_STAMP): pyproject.toml
 	@touch $@
 
 demo: setup
-	$(BIN)/python -m kappaflow.demo
+	$(BIN)/kappaflow --state-dir $(STATE_DIR) demo
 
 lint: $(VENV_STAMP)
 	$(BIN)/ruff check src tests

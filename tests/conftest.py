@@ -129,14 +129,22 @@ RunCli = Callable[..., Result]
 
 
 def run_kappaflow(
-    settings: Settings, *args: str, input: str | None = None, env: dict[str, str] | None = None,
+    settings: Settings,
+    *args: str,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
     timeout: float = 180,
 ) -> Result:
     """Run the real `kappaflow` command in a process of its own."""
     full_env = {**os.environ, **settings_env(settings), **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "kappaflow", *args],
-        input=input, capture_output=True, text=True, env=full_env, timeout=timeout, check=False,
+        input=input,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 

@@ -45,8 +45,10 @@ def test_restart_keeps_topics_and_records(own: Settings) -> None:
 
     assert broker.start() is True
     assert {"name": "kept", "partitions": 2} in list_topics(own.kafka)
-    values = [json.loads(m.value() or b"") for m in
-              read_records(own.kafka, "kept", start=StartAt(beginning=True))]
+    values = [
+        json.loads(m.value() or b"")
+        for m in read_records(own.kafka, "kept", start=StartAt(beginning=True))
+    ]
     assert sorted(v["n"] for v in values) == list(range(50))
     assert any("Kafka Server started" in line for line in broker.logs(500))
 
@@ -70,8 +72,11 @@ def test_killed_broker_leaves_a_stale_pid_and_restarts(own: Settings) -> None:
     pid = broker.status().pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: True if broker.status().state is ProcState.STALE else None,
-             timeout=30, what="the broker to die")
+    wait_for(
+        lambda: True if broker.status().state is ProcState.STALE else None,
+        timeout=30,
+        what="the broker to die",
+    )
     assert broker.start() is True
     assert "survivor" in [t["name"] for t in list_topics(own.kafka)]
 

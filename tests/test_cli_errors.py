@@ -44,15 +44,17 @@ def test_missing_broker(offline: Settings) -> None:
 
 def test_invalid_setting(offline: Settings) -> None:
     line = one_line_error(
-        run_kappaflow(offline, "status", env={"KAPPAFLOW_KAFKA__PORT": "ninety"}), 2)
+        run_kappaflow(offline, "status", env={"KAPPAFLOW_KAFKA__PORT": "ninety"}), 2
+    )
     assert "kafka.port" in line
 
 
 def test_state_dir_not_writable(offline: Settings, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    result = run_kappaflow(offline, "kafka", "start",
-                           env={"KAPPAFLOW_STATE_DIR": str(blocker / "state")})
+    result = run_kappaflow(
+        offline, "kafka", "start", env={"KAPPAFLOW_STATE_DIR": str(blocker / "state")}
+    )
     assert "not writable" in one_line_error(result, 1)
 
 
@@ -60,7 +62,7 @@ def test_java_too_old(offline: Settings, tmp_path: Path) -> None:
     fake = tmp_path / "jdk11" / "bin"
     fake.mkdir(parents=True)
     java = fake / "java"
-    java.write_text('#!/bin/sh\necho \'openjdk version "11.0.21" 2023-10-17\' >&2\n')
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.21\" 2023-10-17' >&2\n")
     java.chmod(0o755)
     result = run_kappaflow(offline, "kafka", "start", env={"JAVA_HOME": str(fake.parent)})
     line = one_line_error(result, 1)
@@ -68,8 +70,9 @@ def test_java_too_old(offline: Settings, tmp_path: Path) -> None:
 
 
 def test_jars_not_resolved(offline: Settings, tmp_path: Path) -> None:
-    result = run_kappaflow(offline, "kafka", "start",
-                           env={"KAPPAFLOW_JARS_DIR": str(tmp_path / "no-jars")})
+    result = run_kappaflow(
+        offline, "kafka", "start", env={"KAPPAFLOW_JARS_DIR": str(tmp_path / "no-jars")}
+    )
     assert "make setup" in one_line_error(result, 1)
 
 
@@ -77,5 +80,7 @@ def test_unknown_job_and_pipeline(offline: Settings) -> None:
     assert "no job named" in one_line_error(run_kappaflow(offline, "jobs", "stop", "ghost"))
     line = one_line_error(run_kappaflow(offline, "jobs", "start", "j1", "--pipeline", "nope"))
     assert "unknown pipeline" in line
-    line = one_line_error(run_kappaflow(offline, "jobs", "start", "bad/name", "--pipeline", "clean"))
+    line = one_line_error(
+        run_kappaflow(offline, "jobs", "start", "bad/name", "--pipeline", "clean")
+    )
     assert "invalid job name" in line

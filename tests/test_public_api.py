@@ -4,7 +4,12 @@ import kappaflow
 
 
 def test_exported_members() -> None:
-    assert sorted(kappaflow.__all__) == ["KappaflowError", "Settings", "__version__", "load_settings"]
+    assert sorted(kappaflow.__all__) == [
+        "KappaflowError",
+        "Settings",
+        "__version__",
+        "load_settings",
+    ]
     for name in kappaflow.__all__:
         assert hasattr(kappaflow, name)
 
@@ -13,6 +18,8 @@ def test_import_has_no_side_effects() -> None:
     import subprocess
     import sys
 
-    code = "import kappaflow, sys; print('pyspark' in sys.modules, 'confluent_kafka' in sys.modules)"
+    code = (
+        "import kappaflow, sys; print('pyspark' in sys.modules, 'confluent_kafka' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

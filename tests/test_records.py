@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -15,7 +16,7 @@ from kappaflow.timeutil import iso, to_epoch_ms
 BASE = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def _records(result_lines: list[str]) -> list[dict[str, object]]:
+def _records(result_lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result_lines]
 
 
@@ -23,14 +24,19 @@ def test_produce_reports_invalid_lines_and_sends_the_rest(
     cli: RunCli, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(partitions=2)
-    lines = "\n".join([
-        '{"user": "ann", "page": "/a"}',
-        "{not json",
-        '{"page": "/b"}',
-        "",
-        '{"user": "bob", "page": "/c"}',
-        "[1, 2]",
-    ]) + "\n"
+    lines = (
+        "\n".join(
+            [
+                '{"user": "ann", "page": "/a"}',
+                "{not json",
+                '{"page": "/b"}',
+                "",
+                '{"user": "bob", "page": "/c"}',
+                "[1, 2]",
+            ]
+        )
+        + "\n"
+    )
     result = cli("produce", topic, "--key-field", "user", input=lines)
     assert result.code == 1
     assert "line 2: not JSON" in result.err
@@ -63,10 +69,14 @@ def _stamped(settings: Settings, topic: str, partitions: int = 1) -> None:
     """Ten records a minute apart from BASE, spread over partitions, key k<n%2>."""
     producer = Producer(settings.kafka.client_config())
     for n in range(10):
-        producer.produce(topic, key=f"k{n % 2}".encode(), value=json.dumps({"n": n}).encode(),
-                         partition=n % partitions,
-                         timestamp=to_epoch_ms(BASE + timedelta(minutes=n)),
-                         headers=[("origin", b"test")])
+        producer.produce(
+            topic,
+            key=f"k{n % 2}".encode(),
+            value=json.dumps({"n": n}).encode(),
+            partition=n % partitions,
+            timestamp=to_epoch_ms(BASE + timedelta(minutes=n)),
+            headers=[("origin", b"test")],
+        )
     assert producer.flush(30) == 0
 
 
@@ -102,7 +112,9 @@ def test_consume_shows_non_json_values(
     producer.flush(30)
     records = _records(cli("consume", topic, "--from-beginning").lines())
     assert [(r["value"], r.get("value_encoding")) for r in records] == [
-        ("plain text", "text"), ("//4A", "base64")]
+        ("plain text", "text"),
+        ("//4A", "base64"),
+    ]
 
 
 def test_consume_bad_arguments(cli: RunCli, new_topic: Callable[..., str]) -> None:
@@ -120,13 +132,21 @@ def test_replay_copies_a_time_range(
 ) -> None:
     source = new_topic(partitions=2)
     _stamped(kafka, source, partitions=2)
-    result = cli("replay", source, topic_name, "--since", iso(BASE + timedelta(minutes=2)),
-                 "--until", iso(BASE + timedelta(minutes=7)))
+    result = cli(
+        "replay",
+        source,
+        topic_name,
+        "--since",
+        iso(BASE + timedelta(minutes=2)),
+        "--until",
+        iso(BASE + timedelta(minutes=7)),
+    )
     assert result.code == 0, result.err
     assert "replayed 6 records" in result.err
     copied = _records(cli("consume", topic_name, "--from-beginning").lines())
-    originals = {r["value"]["n"]: r for r in
-                 _records(cli("consume", source, "--from-beginning").lines())}
+    originals = {
+        r["value"]["n"]: r for r in _records(cli("consume", source, "--from-beginning").lines())
+    }
     assert sorted(r["value"]["n"] for r in copied) == [2, 3, 4, 5, 6, 7]
     for record in copied:
         original = originals[record["value"]["n"]]

@@ -42,20 +42,26 @@ def test_redis_keeps_data_across_restarts(own: Settings) -> None:
 def test_up_status_down(own: Settings) -> None:
     up = run_kappaflow(own, "up")
     assert up.code == 0, up.err
-    rows = {r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())}
+    rows = {
+        r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
+    }
     assert rows["kafka"]["state"] == "running" and rows["redis"]["state"] == "running"
     assert rows["kafka"]["address"] == own.kafka.bootstrap
     again = run_kappaflow(own, "up")
     assert again.err.count("already running") == 2
     down = run_kappaflow(own, "down")
     assert down.code == 0
-    rows = {r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())}
+    rows = {
+        r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
+    }
     assert {r["state"] for r in rows.values()} == {"stopped"}
 
 
 def test_external_services_are_not_managed(own: Settings) -> None:
-    env = {"KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS": "kafka.example:9092",
-           "KAPPAFLOW_REDIS__URL": "redis://cache.example:6379/0"}
+    env = {
+        "KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS": "kafka.example:9092",
+        "KAPPAFLOW_REDIS__URL": "redis://cache.example:6379/0",
+    }
     rows = [json.loads(line) for line in run_kappaflow(own, "status", "--json", env=env).lines()]
     assert {r["state"] for r in rows} == {"external"}
     refused = run_kappaflow(own, "kafka", "start", env=env)

@@ -31,7 +31,10 @@ def test_precedence_flags_over_env_over_file_over_defaults(
     )
     settings = load_settings()
     assert (settings.state_dir, settings.kafka.port, settings.spark.master) == (
-        Path("from-file"), 1111, "local[1]")
+        Path("from-file"),
+        1111,
+        "local[1]",
+    )
 
     monkeypatch.setenv("KAPPAFLOW_KAFKA__PORT", "2222")
     monkeypatch.setenv("KAPPAFLOW_SPARK__MASTER", "local[2]")
@@ -48,11 +51,11 @@ def test_precedence_flags_over_env_over_file_over_defaults(
 
 def test_config_file_from_env_and_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     other = tmp_path / "other.toml"
-    other.write_text('[redis]\nport = 7777\n')
+    other.write_text("[redis]\nport = 7777\n")
     monkeypatch.setenv("KAPPAFLOW_CONFIG", str(other))
     assert load_settings().redis.port == 7777
     explicit = tmp_path / "explicit.toml"
-    explicit.write_text('[redis]\nport = 8888\n')
+    explicit.write_text("[redis]\nport = 8888\n")
     assert load_settings(explicit).redis.port == 8888
 
 
@@ -63,7 +66,7 @@ def test_errors_name_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     bad.write_text('[kafka]\nport = "lots"\n')
     with pytest.raises(ConfigError, match=r"kafka\.port"):
         load_settings(bad)
-    bad.write_text('[kafka]\nprot = 1\n')
+    bad.write_text("[kafka]\nprot = 1\n")
     with pytest.raises(ConfigError, match=r"kafka\.prot"):
         load_settings(bad)
     bad.write_text("[kafka\n")
@@ -74,40 +77,47 @@ def test_errors_name_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         load_settings()
 
 
-@pytest.mark.parametrize("master", ["local", "local[4]", "local[*]", "spark://h:7077", "yarn",
-                                    "k8s://https://h:6443"])
+@pytest.mark.parametrize(
+    "master", ["local", "local[4]", "local[*]", "spark://h:7077", "yarn", "k8s://https://h:6443"]
+)
 def test_spark_masters(master: str) -> None:
     assert load_settings(spark={"master": master}).spark.master == master
 
 
 def test_external_cluster_and_security_options() -> None:
-    settings = load_settings(kafka={
-        "bootstrap_servers": "b1:9093,b2:9093",
-        "security_protocol": "SASL_SSL",
-        "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_username": "alice",
-        "sasl_password": 'p"w',
-        "ssl_ca_location": "/etc/ca.pem",
-        "client_options": {"client.id": "me"},
-    })
+    settings = load_settings(
+        kafka={
+            "bootstrap_servers": "b1:9093,b2:9093",
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "alice",
+            "sasl_password": 'p"w',
+            "ssl_ca_location": "/etc/ca.pem",
+            "client_options": {"client.id": "me"},
+        }
+    )
     assert not settings.kafka.embedded
     client = settings.kafka.client_config()
     assert client == {
-        "bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": 'p"w',
-        "ssl.ca.location": "/etc/ca.pem", "client.id": "me",
+        "bootstrap.servers": "b1:9093,b2:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "alice",
+        "sasl.password": 'p"w',
+        "ssl.ca.location": "/etc/ca.pem",
+        "client.id": "me",
     }
     spark = settings.kafka.spark_kafka_options()
     assert spark["kafka.bootstrap.servers"] == "b1:9093,b2:9093"
     assert spark["kafka.sasl.jaas.config"] == (
-        'org.apache.kafka.common.security.scram.ScramLoginModule required '
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
         'username="alice" password="p\\"w";'
     )
     assert spark["kafka.ssl.truststore.type"] == "PEM"
-    assert "p\"w" not in repr(settings)  # secrets stay out of logs
+    assert 'p"w' not in repr(settings)  # secrets stay out of logs
 
 
 def test_settings_are_immutable() -> None:
     settings = load_settings()
     with pytest.raises(ValidationError):
-        settings.state_dir = Path("elsewhere")  # type: ignore[misc]
+        settings.state_dir = Path("elsewhere")

@@ -10,9 +10,14 @@ NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("500ms", timedelta(milliseconds=500)), ("10s", timedelta(seconds=10)),
-     ("5m", timedelta(minutes=5)), ("1h", timedelta(hours=1)), ("2d", timedelta(days=2)),
-     ("1.5s", timedelta(seconds=1.5))],
+    [
+        ("500ms", timedelta(milliseconds=500)),
+        ("10s", timedelta(seconds=10)),
+        ("5m", timedelta(minutes=5)),
+        ("1h", timedelta(hours=1)),
+        ("2d", timedelta(days=2)),
+        ("1.5s", timedelta(seconds=1.5)),
+    ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected

@@ -8,8 +8,17 @@ from conftest import RunCli
 
 
 def test_create_describe_list_delete(cli: RunCli, topic_name: str) -> None:
-    created = cli("topics", "create", topic_name, "--partitions", "3",
-                  "--config", "retention.ms=3600000", "-c", "cleanup.policy=compact")
+    created = cli(
+        "topics",
+        "create",
+        topic_name,
+        "--partitions",
+        "3",
+        "--config",
+        "retention.ms=3600000",
+        "-c",
+        "cleanup.policy=compact",
+    )
     assert created.code == 0, created.err
     described = json.loads(cli("topics", "describe", topic_name).out)
     assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]

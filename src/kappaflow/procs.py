@@ -7,6 +7,7 @@ program, is stale and is reported and cleared rather than trusted.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import signal
@@ -121,16 +122,20 @@ class ManagedProcess:
         pid = status.pid
         try:
             os.kill(pid, sig)
-            wait_for(lambda: True if not self._exists(pid) else None, timeout=timeout,
-                     what=f"{self.name} to stop")
+            wait_for(
+                lambda: True if not self._exists(pid) else None,
+                timeout=timeout,
+                what=f"{self.name} to stop",
+            )
         except TimeoutError:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             try:
-                wait_for(lambda: True if not self._exists(pid) else None, timeout=10,
-                         what=f"{self.name} to die")
+                wait_for(
+                    lambda: True if not self._exists(pid) else None,
+                    timeout=10,
+                    what=f"{self.name} to die",
+                )
             except TimeoutError:
                 raise ServiceError(f"{self.name} (pid {pid}) survived SIGKILL") from None
         except ProcessLookupError:
@@ -163,10 +168,8 @@ class ManagedProcess:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 # Reap it if it is our child; otherwise its parent will.
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
                 return False
             return True
         except psutil.NoSuchProcess:

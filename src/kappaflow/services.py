@@ -22,8 +22,12 @@ class ServiceRow:
     pid: int | None
 
     def as_dict(self) -> dict[str, object]:
-        return {"service": self.service, "state": self.state, "address": self.address,
-                "pid": self.pid}
+        return {
+            "service": self.service,
+            "state": self.state,
+            "address": self.address,
+            "pid": self.pid,
+        }
 
 
 def up(settings: Settings) -> list[str]:

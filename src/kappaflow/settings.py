@@ -125,7 +125,9 @@ _MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://.+|yarn|k8s://.+|me
 class SparkSettings(_Section):
     """How the processing engine runs."""
 
-    master: str = Field(default="local[*]", description="local[*], spark://host:7077, yarn, k8s://…")
+    master: str = Field(
+        default="local[*]", description="local[*], spark://host:7077, yarn, k8s://…"
+    )
     driver_memory: str = Field(default="2g", description="spark.driver.memory for job drivers")
     shuffle_partitions: int = Field(default=4, ge=1, description="spark.sql.shuffle.partitions")
     ui: bool = Field(default=False, description="start the Spark web UI")

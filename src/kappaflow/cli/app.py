@@ -32,12 +32,22 @@ pass_context = click.make_pass_decorator(Context)
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="kappaflow")
-@click.option("--config", "config_file", type=click.Path(path_type=Path),
-              help="TOML settings file [default: ./kappaflow.toml if present]")
-@click.option("--state-dir", type=click.Path(path_type=Path),
-              help="where services, checkpoints and logs live [default: .kappaflow]")
-@click.option("--bootstrap-servers", metavar="HOST:PORT[,…]",
-              help="an external Kafka cluster (nothing embedded is started then)")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    help="TOML settings file [default: ./kappaflow.toml if present]",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    help="where services, checkpoints and logs live [default: .kappaflow]",
+)
+@click.option(
+    "--bootstrap-servers",
+    metavar="HOST:PORT[,…]",
+    help="an external Kafka cluster (nothing embedded is started then)",
+)
 @click.option("--spark-master", metavar="URL", help="local[*], spark://host:7077, yarn, k8s://…")
 @click.option("--redis-url", metavar="URL", help="an external Redis, redis://host:port/db")
 @click.pass_context

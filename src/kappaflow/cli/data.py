@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -16,11 +17,12 @@ from kappaflow.kafka import records
 from kappaflow.timeutil import parse_time
 
 
-class TimeParam(click.ParamType):
+class TimeParam(click.ParamType):  # type: ignore[type-arg]
     name = "TIME"
 
-    def convert(self, value: object, param: click.Parameter | None,
-                ctx: click.Context | None) -> datetime:
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
         if isinstance(value, datetime):
             return value
         try:
@@ -34,8 +36,13 @@ TIME = TimeParam()
 
 def _progress(description: str) -> Progress:
     return Progress(
-        TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=stderr, transient=True, disable=not stderr.is_terminal,
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
     )
 
 
@@ -52,20 +59,25 @@ def produce(ctx: Context, topic: str, key_field: str | None) -> None:
     with _progress("sending") as bar:
         task = bar.add_task("send", total=None)
         report = records.produce_lines(
-            ctx.settings.kafka, topic, _stdin_lines(), key_field=key_field,
+            ctx.settings.kafka,
+            topic,
+            _stdin_lines(),
+            key_field=key_field,
             progress=lambda sent: bar.update(task, completed=sent),
         )
     for number, reason in report.invalid:
         say(f"line {number}: {reason}")
-    say(f"sent {report.sent} records to {topic}"
-        + (f"; {len(report.invalid)} invalid lines not sent" if report.invalid else ""))
+    say(
+        f"sent {report.sent} records to {topic}"
+        + (f"; {len(report.invalid)} invalid lines not sent" if report.invalid else "")
+    )
     if report.invalid:
         sys.exit(1)
 
 
 def _stdin_lines() -> Iterator[str]:
-    stream = click.get_text_stream("stdin", errors="replace")
-    yield from stream
+    # Undecodable bytes become U+FFFD, so such a line fails as "not JSON" with its number.
+    yield from io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
 
 
 @click.command()
@@ -74,15 +86,27 @@ def _stdin_lines() -> Iterator[str]:
 @click.option("--offset", type=click.IntRange(min=0), help="start at this offset (each partition)")
 @click.option("--since", type=TIME, help="start at the first record stamped at or after TIME")
 @click.option("--until", type=TIME, help="stop each partition after TIME")
-@click.option("-n", "--max", "max_records", type=click.IntRange(min=0),
-              help="stop after this many records")
+@click.option(
+    "-n", "--max", "max_records", type=click.IntRange(min=0), help="stop after this many records"
+)
 @click.option("-p", "--partition", type=click.IntRange(min=0), help="read only this partition")
-@click.option("--follow/--no-follow", default=None,
-              help="wait for new records at the end [default: only when starting at the end]")
+@click.option(
+    "--follow/--no-follow",
+    default=None,
+    help="wait for new records at the end [default: only when starting at the end]",
+)
 @pass_context
-def consume(ctx: Context, topic: str, from_beginning: bool, offset: int | None,
-            since: datetime | None, until: datetime | None, max_records: int | None,
-            partition: int | None, follow: bool | None) -> None:
+def consume(
+    ctx: Context,
+    topic: str,
+    from_beginning: bool,
+    offset: int | None,
+    since: datetime | None,
+    until: datetime | None,
+    max_records: int | None,
+    partition: int | None,
+    follow: bool | None,
+) -> None:
     """Print records of TOPIC as JSON lines (value plus topic, partition, offset, time, key).
 
     TIME is ISO-8601 with a zone (2026-11-21T10:00:00Z), epoch milliseconds, 'now',
@@ -92,9 +116,15 @@ def consume(ctx: Context, topic: str, from_beginning: bool, offset: int | None,
     if sum(starts) > 1:
         raise click.UsageError("use only one of --from-beginning, --offset and --since")
     start = records.StartAt(beginning=from_beginning, offset=offset, since=since)
-    for message in records.read_records(ctx.settings.kafka, topic, start=start, until=until,
-                                        max_records=max_records, partition=partition,
-                                        follow=follow):
+    for message in records.read_records(
+        ctx.settings.kafka,
+        topic,
+        start=start,
+        until=until,
+        max_records=max_records,
+        partition=partition,
+        follow=follow,
+    ):
         json_line(records.to_json_record(message))
         sys.stdout.flush()
 
@@ -105,8 +135,7 @@ def consume(ctx: Context, topic: str, from_beginning: bool, offset: int | None,
 @click.option("--since", type=TIME, required=True, help="first record time to copy")
 @click.option("--until", type=TIME, help="last record time to copy [default: the end]")
 @pass_context
-def replay(ctx: Context, source: str, dest: str, since: datetime,
-           until: datetime | None) -> None:
+def replay(ctx: Context, source: str, dest: str, since: datetime, until: datetime | None) -> None:
     """Copy the records of SOURCE stamped between --since and --until into DEST.
 
     Keys, values, headers and timestamps are kept; DEST is created like SOURCE if needed.
@@ -117,8 +146,9 @@ def replay(ctx: Context, source: str, dest: str, since: datetime,
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        copied = records.replay(ctx.settings.kafka, source, dest, since=since, until=until,
-                                progress=advance)
+        copied = records.replay(
+            ctx.settings.kafka, source, dest, since=since, until=until, progress=advance
+        )
     say(f"replayed {copied} records from {source} to {dest}")
 
 

@@ -18,8 +18,14 @@ def jobs() -> None:
 @jobs.command("start")
 @click.argument("name")
 @click.option("--pipeline", required=True, help="what the job computes (e.g. clean)")
-@click.option("-P", "--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="a pipeline parameter (repeatable), e.g. -P source=events")
+@click.option(
+    "-P",
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a pipeline parameter (repeatable), e.g. -P source=events",
+)
 @click.option("--no-wait", is_flag=True, help="return at once instead of when the job runs")
 @pass_context
 def start(ctx: Context, name: str, pipeline: str, params: tuple[str, ...], no_wait: bool) -> None:
@@ -31,7 +37,11 @@ def start(ctx: Context, name: str, pipeline: str, params: tuple[str, ...], no_wa
             raise InputError(f"invalid parameter {pair!r}: use KEY=VALUE")
         parsed[key] = value
     record = JobManager(ctx.settings).start(
-        name, pipeline, parsed, overrides=ctx.overrides, config_file=ctx.config_file,
+        name,
+        pipeline,
+        parsed,
+        overrides=ctx.overrides,
+        config_file=ctx.config_file,
         wait=not no_wait,
     )
     say(f"job {name} {record.state} (pid {record.pid})")
@@ -43,16 +53,25 @@ def start(ctx: Context, name: str, pipeline: str, params: tuple[str, ...], no_wa
 def list_(ctx: Context, as_json: bool) -> None:
     """Every job: name, driver pid, state, start time, pipeline."""
     rows = [
-        {"name": r.name, "pid": r.pid, "state": r.state, "started_at": r.started_at,
-         "pipeline": r.pipeline, "error": r.error}
-        for r in JobManager(ctx.settings).list()
+        {
+            "name": r.name,
+            "pid": r.pid,
+            "state": r.state,
+            "started_at": r.started_at,
+            "pipeline": r.pipeline,
+            "error": r.error,
+        }
+        for r in JobManager(ctx.settings).records()
     ]
     if as_json:
         for row in rows:
             json_line(row)
     else:
-        table(None, ["name", "pid", "state", "started_at", "pipeline"],
-              [[r["name"], r["pid"], r["state"], r["started_at"], r["pipeline"]] for r in rows])
+        table(
+            None,
+            ["name", "pid", "state", "started_at", "pipeline"],
+            [[r["name"], r["pid"], r["state"], r["started_at"], r["pipeline"]] for r in rows],
+        )
 
 
 @jobs.command("stop")

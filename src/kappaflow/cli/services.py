@@ -73,8 +73,13 @@ def kafka_stop(ctx: Context, timeout: float) -> None:
 def kafka_status(ctx: Context, as_json: bool) -> None:
     """Whether the broker runs, its pid, address and data directory."""
     status = _embedded_kafka(ctx).status()
-    row = {"state": status.state.value, "pid": status.pid, "bootstrap": status.bootstrap,
-           "data_dir": str(status.data_dir), "started_at": when(status.started_at)}
+    row = {
+        "state": status.state.value,
+        "pid": status.pid,
+        "bootstrap": status.bootstrap,
+        "data_dir": str(status.data_dir),
+        "started_at": when(status.started_at),
+    }
     if as_json:
         json_line(row)
     else:
@@ -118,8 +123,12 @@ def redis_stop(ctx: Context) -> None:
 def redis_status(ctx: Context, as_json: bool) -> None:
     """Whether Redis runs, its pid and address."""
     status = _embedded_redis(ctx).status()
-    row = {"state": status.state.value, "pid": status.pid, "url": status.url,
-           "started_at": when(status.started_at)}
+    row = {
+        "state": status.state.value,
+        "pid": status.pid,
+        "url": status.url,
+        "started_at": when(status.started_at),
+    }
     if as_json:
         json_line(row)
     else:
@@ -152,8 +161,31 @@ def status(ctx: Context, as_json: bool) -> None:
         for row in rows:
             json_line(row.as_dict())
     else:
-        table(None, ["service", "state", "address", "pid"],
-              [[r.service, r.state, r.address, r.pid] for r in rows])
+        table(
+            None,
+            ["service", "state", "address", "pid"],
+            [[r.service, r.state, r.address, r.pid] for r in rows],
+        )
 
 
-COMMANDS = (setup, kafka, redis, up, down, status)
+@click.command()
+@click.option("--seconds", default=45.0, show_default=True, help="how long to run")
+@click.option("--rate", default=200, show_default=True, help="page views per second")
+@pass_context
+def demo(ctx: Context, seconds: float, rate: int) -> None:
+    """A clickstream through Kafka and a Spark job, shown live (Ctrl-C ends it)."""
+    from rich.console import Console
+
+    from kappaflow.demo import run_demo
+
+    run_demo(
+        ctx.settings,
+        seconds=seconds,
+        rate=rate,
+        console=Console(),
+        overrides=ctx.overrides,
+        config_file=ctx.config_file,
+    )
+
+
+COMMANDS = (setup, kafka, redis, up, down, status, demo)

@@ -17,18 +17,35 @@ def topics() -> None:
 @topics.command("create")
 @click.argument("name")
 @click.option("-p", "--partitions", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("-r", "--replication-factor", default=1, show_default=True,
-              type=click.IntRange(min=1))
-@click.option("-c", "--config", "configs", multiple=True, metavar="KEY=VALUE",
-              help="a topic config, e.g. retention.ms=86400000 (repeatable)")
+@click.option(
+    "-r", "--replication-factor", default=1, show_default=True, type=click.IntRange(min=1)
+)
+@click.option(
+    "-c",
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a topic config, e.g. retention.ms=86400000 (repeatable)",
+)
 @click.option("--if-not-exists", is_flag=True, help="succeed if the topic already exists")
 @pass_context
-def create(ctx: Context, name: str, partitions: int, replication_factor: int,
-           configs: tuple[str, ...], if_not_exists: bool) -> None:
+def create(
+    ctx: Context,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+    configs: tuple[str, ...],
+    if_not_exists: bool,
+) -> None:
     """Create topic NAME."""
     created = ops.create_topic(
-        ctx.settings.kafka, name, partitions=partitions, replication_factor=replication_factor,
-        configs=ops.parse_configs(configs), exist_ok=if_not_exists,
+        ctx.settings.kafka,
+        name,
+        partitions=partitions,
+        replication_factor=replication_factor,
+        configs=ops.parse_configs(configs),
+        exist_ok=if_not_exists,
     )
     say(f"created topic {name}" if created else f"topic {name} already exists")
 

@@ -35,8 +35,8 @@ def find_or_fetch_maven(tools_dir: Path) -> Path:
     try:
         with tempfile.TemporaryDirectory(dir=tools_dir) as scratch:
             archive = Path(scratch) / name
-            urllib.request.urlretrieve(f"{base}/{name}", archive)  # noqa: S310 (fixed https URL)
-            with urllib.request.urlopen(f"{base}/{name}.sha512", timeout=60) as response:  # noqa: S310
+            urllib.request.urlretrieve(f"{base}/{name}", archive)
+            with urllib.request.urlopen(f"{base}/{name}.sha512", timeout=60) as response:
                 expected = response.read().decode().split()[0]
             actual = hashlib.sha512(archive.read_bytes()).hexdigest()
             if actual != expected:

@@ -104,8 +104,9 @@ class EmbeddedBroker:
         ]
         if not (self.data_dir / "meta.properties").exists():
             self._format(jvm)
-        self.process.spawn([*jvm, "kafka.Kafka", str(self.config_file)],
-                           log_file=self.log_dir / "broker.out")
+        self.process.spawn(
+            [*jvm, "kafka.Kafka", str(self.config_file)], log_file=self.log_dir / "broker.out"
+        )
         self._wait_ready(timeout)
         return True
 
@@ -161,9 +162,20 @@ class EmbeddedBroker:
     def _format(self, jvm: list[str]) -> None:
         cluster_id = _cluster_id()
         result = subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "format", "--standalone",
-             "-t", cluster_id, "-c", str(self.config_file), "--ignore-formatted"],
-            capture_output=True, text=True, check=False,
+            [
+                *jvm,
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(self.config_file),
+                "--ignore-formatted",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             reason = (result.stderr or result.stdout).strip().splitlines()
@@ -205,4 +217,3 @@ def _cluster_id() -> str:
         value = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         if not value.startswith("-"):
             return value
-

@@ -17,9 +17,12 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     TIMESTAMP_NOT_AVAILABLE,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka import (
     KafkaError as RdKafkaError,
 )
-from confluent_kafka import Message, TopicPartition
 
 from kappaflow.errors import InputError, KafkaError
 from kappaflow.kafka.clients import consumer, describe, producer
@@ -77,8 +80,13 @@ def produce_lines(
                 continue
             field_value = value[key_field]
             key = field_value if isinstance(field_value, str) else json.dumps(field_value)
-        _produce(client, topic, line.encode(), key.encode() if key is not None else None,
-                 on_delivery=delivered)
+        _produce(
+            client,
+            topic,
+            line.encode(),
+            key.encode() if key is not None else None,
+            on_delivery=delivered,
+        )
         report.sent += 1
         if progress is not None:
             progress(report.sent)
@@ -135,7 +143,9 @@ def read_records(
     partitions = topic_partitions(kafka, topic)
     if partition is not None:
         if partition not in partitions:
-            raise InputError(f"topic {topic!r} has no partition {partition} (has {len(partitions)})")
+            raise InputError(
+                f"topic {topic!r} has no partition {partition} (has {len(partitions)})"
+            )
         partitions = [partition]
     if follow is None:
         follow = not (start.beginning or start.offset is not None or start.since is not None)
@@ -195,7 +205,9 @@ def _start_offsets(
         try:
             found: list[TopicPartition] = reader.offsets_for_times(wanted, timeout=kafka.timeout_s)
         except Exception as exc:
-            raise KafkaError(f"cannot look up offsets by time in {topic!r}: {describe(exc)}") from None
+            raise KafkaError(
+                f"cannot look up offsets by time in {topic!r}: {describe(exc)}"
+            ) from None
         # -1 means no record at or after that time: such a partition starts at its end.
         return [
             TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
@@ -226,7 +238,8 @@ def to_json_record(message: Message) -> dict[str, Any]:
         record["value_encoding"] = encoding
     headers = message.headers()
     if headers:
-        record["headers"] = {k: _decode(v, parse_json=False)[0] for k, v in headers}
+        pairs = headers.items() if isinstance(headers, dict) else headers
+        record["headers"] = {k: _decode(v, parse_json=False)[0] for k, v in pairs}
     return record
 
 
@@ -276,8 +289,9 @@ def replay(
 
     client = producer(kafka)
     copied = 0
-    for message in read_records(kafka, source, start=StartAt(since=since), until=until,
-                                follow=False):
+    for message in read_records(
+        kafka, source, start=StartAt(since=since), until=until, follow=False
+    ):
         _, stamp = message.timestamp()
         extra: dict[str, Any] = {"timestamp": stamp, "on_delivery": delivered}
         if keep_partition:
@@ -299,8 +313,9 @@ def _count_from(kafka: KafkaSettings, topic: str, since: datetime) -> int:
     """How many records lie between ``since`` and the end of the log (an upper bound)."""
     reader = consumer(kafka)
     try:
-        starts = _start_offsets(reader, kafka, topic, topic_partitions(kafka, topic),
-                                StartAt(since=since))
+        starts = _start_offsets(
+            reader, kafka, topic, topic_partitions(kafka, topic), StartAt(since=since)
+        )
         total = 0
         for tp in starts:
             _, high = reader.get_watermark_offsets(tp, timeout=kafka.timeout_s)

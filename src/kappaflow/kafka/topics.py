@@ -20,7 +20,9 @@ def parse_configs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"invalid topic config {pair!r}: use key=value, e.g. retention.ms=60000")
+            raise InputError(
+                f"invalid topic config {pair!r}: use key=value, e.g. retention.ms=60000"
+            )
         configs[key.strip()] = value.strip()
     return configs
 
@@ -81,7 +83,7 @@ def describe_topic(kafka: KafkaSettings, name: str) -> dict[str, Any]:
         raise TopicNotFoundError(f"topic {name!r} does not exist (see `kappaflow topics list`)")
     reader = consumer(kafka)
     try:
-        partitions = []
+        partitions: list[dict[str, Any]] = []
         for pid in sorted(topic.partitions):
             part = topic.partitions[pid]
             low, high = reader.get_watermark_offsets(

@@ -73,14 +73,16 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         F.when(is_object, F.to_json(F.col("event"))).otherwise(dead_letter).alias("value"),
         coordinates.alias("headers"),
     )
-    writer = write_stream(routed, ctx.settings).queryName(ctx.name).option(
-        "checkpointLocation", str(ctx.checkpoint_dir / "clean")
+    writer = (
+        write_stream(routed, ctx.settings)
+        .queryName(ctx.name)
+        .option("checkpointLocation", str(ctx.checkpoint_dir / "clean"))
     )
     trigger = ctx.param("trigger", "0s")
     if trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     elif trigger == "realtime":
-        writer = writer.outputMode("update").trigger(realTime="5 seconds")
+        writer = writer.outputMode("update").trigger(realTime="5 seconds")  # type: ignore[call-overload]
     else:
         try:
             seconds = parse_duration(trigger).total_seconds()

@@ -90,16 +90,25 @@ class EmbeddedRedis:
             ) from None
         argv = [
             str(binary),
-            "--bind", host,
-            "--port", str(port),
-            "--dir", str(self.home),
+            "--bind",
+            host,
+            "--port",
+            str(port),
+            "--dir",
+            str(self.home),
             # Append-only file: the serving store survives a restart of the service.
-            "--appendonly", "yes",
-            "--appendfsync", "everysec",
-            "--save", "",
-            "--daemonize", "no",
-            "--protected-mode", "yes",
-            "--logfile", "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            "",
         ]
         self.process.spawn(argv, log_file=self.home / "redis.log")
         client = redis.Redis(host=host, port=port, socket_timeout=1.0)
@@ -118,7 +127,9 @@ class EmbeddedRedis:
             wait_for(ready, timeout=timeout, what="Redis to answer")
         except TimeoutError:
             self.stop()
-            raise ServiceError(f"Redis did not answer on {host}:{port} within {timeout:.0f}s") from None
+            raise ServiceError(
+                f"Redis did not answer on {host}:{port} within {timeout:.0f}s"
+            ) from None
         finally:
             client.close()
         return True

@@ -147,11 +147,20 @@ class JobManager:
         if not path.exists():
             raise JobError(f"no job named {name!r} (see `kappaflow jobs list`)")
         record = JobRecord.load(path)
-        if record.state in ACTIVE_STATES and self._process(name).status().state is not ProcState.RUNNING:
+        if (
+            record.state in ACTIVE_STATES
+            and self._process(name).status().state is not ProcState.RUNNING
+        ):
             record.state = "crashed"
         return record
 
-    def list(self) -> list[JobRecord]:
+    def get_state(self, name: str) -> str:
+        """The job's state, or "absent" if no job of that name was ever started."""
+        if not (self.job_dir(name) / "job.json").exists():
+            return "absent"
+        return self.get(name).state
+
+    def records(self) -> list[JobRecord]:
         if not self.root.exists():
             return []
         names = sorted(p.parent.name for p in self.root.glob("*/job.json"))

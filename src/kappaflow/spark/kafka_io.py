@@ -50,7 +50,9 @@ def read_batch(spark: SparkSession, settings: Settings, topic: str) -> DataFrame
     )
 
 
-def write_stream(frame: DataFrame, settings: Settings, topic: str | None = None) -> DataStreamWriter:
+def write_stream(
+    frame: DataFrame, settings: Settings, topic: str | None = None
+) -> DataStreamWriter:
     """A Kafka sink; ``frame`` needs ``value`` (and may have ``key``, ``topic``, ``headers``)."""
     writer = frame.writeStream.format("kafka").options(**settings.kafka.spark_kafka_options())
     if topic is not None:

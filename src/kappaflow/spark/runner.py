@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     if job_arg is None:
         print("usage: python -m kappaflow.spark.runner --kappaflow-job=DIR", file=sys.stderr)
         return 2
-    home = Path(job_arg[len(prefix):])
+    home = Path(job_arg[len(prefix) :])
     record_path = home / "job.json"
     record = JobRecord.load(record_path)
     record.pid = os.getpid()

@@ -1,0 +1,164 @@
+"""Spark reads Kafka and writes Kafka: in this process, and as a job of its own."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from conftest import RunCli
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.procs import wait_for
+from kappaflow.settings import Settings
+from kappaflow.spark.jobs import JobManager
+from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
+from kappaflow.spark.session import session_conf
+
+
+def _values(settings: Settings, topic: str) -> list[dict[str, object]]:
+    return [
+        json.loads(m.value() or b"null")
+        for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
+    ]
+
+
+def test_session_is_configured_from_settings(spark: SparkSession, kafka: Settings) -> None:
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.master") == "local[2]"
+    assert conf.get("spark.sql.session.timeZone") == "UTC"
+    assert "RocksDBStateStoreProvider" in (
+        spark.conf.get("spark.sql.streaming.stateStore.providerClass") or ""
+    )
+    assert (
+        spark.conf.get("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")
+        == "true"
+    )
+    jars = conf.get("spark.jars") or ""
+    assert "spark-sql-kafka-0-10" in jars and "kafka-clients" in jars
+    assert session_conf(kafka, "x")["spark.sql.streaming.checkpointLocation"].startswith(
+        str(kafka.state_dir.resolve())
+    )
+
+
+def test_streaming_round_trip(
+    spark: SparkSession, kafka: Settings, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    source, dest = new_topic(partitions=2), new_topic()
+    producer = Producer(kafka.kafka.client_config())
+    sent: list[dict[str, Any]] = [{"user": f"u{n % 7}", "n": n} for n in range(200)]
+    for event in sent:
+        producer.produce(source, key=str(event["user"]).encode(), value=json.dumps(event).encode())
+    assert producer.flush(30) == 0
+
+    schema = "user STRING, n INT"
+    events = read_stream(spark, kafka, source).select(
+        F.col("key"), F.from_json(F.col("value").cast("string"), schema).alias("e")
+    )
+    doubled = events.select(
+        F.col("key"),
+        F.to_json(F.struct(F.col("e.user").alias("user"), (F.col("e.n") * 2).alias("twice"))).alias(
+            "value"
+        ),
+    )
+    query = (
+        write_stream(doubled, kafka, dest)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+    received = _values(kafka, dest)
+    assert sorted((r["user"], r["twice"]) for r in received) == sorted(
+        (e["user"], 2 * e["n"]) for e in sent
+    )
+    assert read_batch(spark, kafka, dest).count() == len(sent)
+
+
+def test_clean_job_runs_as_its_own_process(
+    cli: RunCli, kafka: Settings, new_topic: Callable[..., str], topic_name: str
+) -> None:
+    source = new_topic(partitions=2)
+    dest = f"{topic_name}-out"
+    job = f"clean-{topic_name}"
+    good = [{"id": n, "kind": "view"} for n in range(20)]
+    producer = Producer(kafka.kafka.client_config())
+    for event in good:
+        producer.produce(source, value=json.dumps(event).encode(), key=str(event["id"]).encode())
+    bad = [b"not json", b"[1, 2]", b"\xff\xfe"]
+    for raw in bad:
+        producer.produce(source, value=raw, partition=0)
+    assert producer.flush(30) == 0
+
+    started = cli(
+        "jobs", "start", job, "--pipeline", "clean", "-P", f"source={source}", "-P", f"dest={dest}"
+    )
+    assert started.code == 0, started.err
+    jobs = JobManager(kafka)
+    record = jobs.get(job)
+    assert record.state == "running" and record.pid is not None
+    listed = {r["name"]: r for r in map(json.loads, cli("jobs", "list", "--json").lines())}
+    assert listed[job]["state"] == "running" and listed[job]["pid"] == record.pid
+
+    def arrived(topic: str, count: int) -> list[dict[str, object]] | None:
+        values = _values(kafka, topic) if topic_exists(kafka, topic) else []
+        return values if len(values) >= count else None
+
+    out = wait_for(lambda: arrived(dest, len(good)), timeout=120, what="cleaned events")
+    assert sorted(int(str(v["id"])) for v in out) == list(range(20))
+    dead = wait_for(lambda: arrived(f"{job}.dlq", len(bad)), timeout=60, what="dead letters")
+    assert sorted(base64.b64decode(str(d["value_base64"])) for d in dead) == sorted(bad)
+    assert {d["error"] for d in dead} == {"not valid JSON", "not a JSON object"}
+    assert all(d["source_topic"] == source for d in dead)
+
+    stopped = cli("jobs", "stop", job)
+    assert stopped.code == 0, stopped.err
+    assert jobs.get(job).state == "stopped"
+    assert cli("jobs", "stop", job).code == 1
+
+    # Started again, the job resumes from its checkpoint: new events only, none twice.
+    producer.produce(source, value=json.dumps({"id": 20, "kind": "view"}).encode())
+    assert producer.flush(30) == 0
+    assert (
+        cli(
+            "jobs",
+            "start",
+            job,
+            "--pipeline",
+            "clean",
+            "-P",
+            f"source={source}",
+            "-P",
+            f"dest={dest}",
+        ).code
+        == 0
+    )
+    out = wait_for(lambda: arrived(dest, len(good) + 1), timeout=120, what="the new event")
+    assert sorted(int(str(v["id"])) for v in out) == list(range(21))
+    assert "running" in cli("jobs", "logs", job, "-n", "200").out
+
+    # A crashed driver is reported as such.
+    pid = jobs.get(job).pid
+    assert pid is not None
+    import os
+
+    os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: True if jobs.get(job).state == "crashed" else None,
+        timeout=30,
+        what="the job to be seen as crashed",
+    )
+
+
+def topic_exists(settings: Settings, topic: str) -> bool:
+    from kappaflow.kafka.topics import list_topics
+
+    return any(row["name"] == topic for row in list_topics(settings.kafka))

@@ -12,8 +12,8 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -108,7 +108,7 @@ def _stream(
             out.poll(0)
             for message in reader.consume(500, timeout=0.1):
                 if message.error() is None and message.value():
-                    latest = ([json.loads(message.value() or b"{}")] + latest)[:6]
+                    latest = ([json.loads(message.value() or b"{}"), *latest])[:6]
             counts = _counts(reader)
             if not latest and counts[DEST]:
                 # Assigned before the job created any output: start over from the beginning.

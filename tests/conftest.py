@@ -29,6 +29,9 @@ EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
 # The user's own KAPPAFLOW_* settings must not leak into the tests.
 for _key in [k for k in os.environ if k.startswith("KAPPAFLOW_") and "_TEST_" not in k]:
     del os.environ[_key]
+# Spark binds its driver and executors to loopback only, in this process and in every job
+# and cluster process the tests start (they inherit the environment).
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 
 def free_port() -> int:
@@ -155,3 +158,19 @@ def cli(kafka: Settings) -> RunCli:
         return run_kappaflow(kafka, *args, input=input, env=env)
 
     return run
+
+
+def start_clean_job(cli: RunCli, job: str, source: str, dest: str, *global_args: str) -> Result:
+    """`kappaflow jobs start` of the clean pipeline from ``source`` to ``dest``."""
+    return cli(
+        *global_args,
+        "jobs",
+        "start",
+        job,
+        "--pipeline",
+        "clean",
+        "-P",
+        f"source={source}",
+        "-P",
+        f"dest={dest}",
+    )

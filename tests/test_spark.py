@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from conftest import RunCli
+from conftest import RunCli, start_clean_job
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
@@ -98,9 +98,7 @@ def test_clean_job_runs_as_its_own_process(
         producer.produce(source, value=raw, partition=0)
     assert producer.flush(30) == 0
 
-    started = cli(
-        "jobs", "start", job, "--pipeline", "clean", "-P", f"source={source}", "-P", f"dest={dest}"
-    )
+    started = start_clean_job(cli, job, source, dest)
     assert started.code == 0, started.err
     jobs = JobManager(kafka)
     record = jobs.get(job)
@@ -127,20 +125,7 @@ def test_clean_job_runs_as_its_own_process(
     # Started again, the job resumes from its checkpoint: new events only, none twice.
     producer.produce(source, value=json.dumps({"id": 20, "kind": "view"}).encode())
     assert producer.flush(30) == 0
-    assert (
-        cli(
-            "jobs",
-            "start",
-            job,
-            "--pipeline",
-            "clean",
-            "-P",
-            f"source={source}",
-            "-P",
-            f"dest={dest}",
-        ).code
-        == 0
-    )
+    assert start_clean_job(cli, job, source, dest).code == 0
     out = wait_for(lambda: arrived(dest, len(good) + 1), timeout=120, what="the new event")
     assert sorted(int(str(v["id"])) for v in out) == list(range(21))
     assert "running" in cli("jobs", "logs", job, "-n", "200").out

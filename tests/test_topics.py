@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from conftest import RunCli
+from kappaflow.settings import Settings
 
 
 def test_create_describe_list_delete(cli: RunCli, topic_name: str) -> None:
@@ -54,3 +55,23 @@ def test_bad_topic_arguments(cli: RunCli, topic_name: str) -> None:
     assert unknown_config.code == 1
     assert "cannot create topic" in unknown_config.err
     assert cli("topics", "delete", topic_name).code == 1
+
+
+def test_same_tools_through_the_external_cluster_path(
+    cli: RunCli, kafka: Settings, topic_name: str
+) -> None:
+    """With bootstrap servers given, the tools treat Kafka as external and start nothing."""
+    external = ("--bootstrap-servers", kafka.kafka.bootstrap)
+    assert cli(*external, "topics", "create", topic_name, "-p", "2").code == 0
+    sent = cli(*external, "produce", topic_name, input='{"a": 1}\n{"a": 2}\n')
+    assert sent.code == 0, sent.err
+    read = cli(*external, "consume", topic_name, "--from-beginning")
+    assert sorted(json.loads(line)["value"]["a"] for line in read.lines()) == [1, 2]
+    status = {
+        json.loads(line)["service"]: json.loads(line)
+        for line in cli(*external, "status", "--json").lines()
+    }
+    assert status["kafka"]["state"] == "external"
+    assert status["kafka"]["address"] == kafka.kafka.bootstrap
+    refused = cli(*external, "kafka", "stop")
+    assert refused.code == 1 and "external" in refused.err

@@ -110,8 +110,14 @@ class ManagedProcess:
         self.pid_file.write_text(f"{proc.pid}\n")
         return proc.pid
 
-    def alive(self, pid: int) -> bool:
-        return self._find(pid) is not None
+    @staticmethod
+    def exited(pid: int) -> bool:
+        """True once the process ``pid`` is gone (or a zombie).
+
+        For a process just spawned, whose pid cannot have been reused yet. Markers are not
+        checked: a program rewriting its title (redis-server does) can be read mid-rewrite.
+        """
+        return not ManagedProcess._exists(pid)
 
     def stop(self, *, timeout: float, sig: signal.Signals = signal.SIGTERM) -> bool:
         """Ask the process to stop, kill it after ``timeout``; True if it was running."""
@@ -123,7 +129,7 @@ class ManagedProcess:
         try:
             os.kill(pid, sig)
             wait_for(
-                lambda: True if not self._exists(pid) else None,
+                lambda: True if self.exited(pid) else None,
                 timeout=timeout,
                 what=f"{self.name} to stop",
             )
@@ -132,7 +138,7 @@ class ManagedProcess:
                 os.killpg(pid, signal.SIGKILL)
             try:
                 wait_for(
-                    lambda: True if not self._exists(pid) else None,
+                    lambda: True if self.exited(pid) else None,
                     timeout=10,
                     what=f"{self.name} to die",
                 )
@@ -157,8 +163,14 @@ class ManagedProcess:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
-            cmdline = " ".join(proc.cmdline())
-            return proc if any(marker in cmdline for marker in self.markers) else None
+            for attempt in range(2):
+                cmdline = " ".join(proc.cmdline())
+                if any(marker in cmdline for marker in self.markers):
+                    return proc
+                if attempt == 0:
+                    # A title being rewritten can read as neither old nor new: look again.
+                    time.sleep(0.05)
+            return None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import click
 
 from kappaflow import services as svc
@@ -25,6 +27,13 @@ def setup(ctx: Context) -> None:
         say(f"resolved {line}")
     say(f"redis-server at {find_redis_server(settings.redis.binary)}")
     say(f"jars ready in {settings.jars_path}")
+
+
+def _show(row: Mapping[str, object], as_json: bool) -> None:
+    if as_json:
+        json_line(row)
+    else:
+        table(None, list(row), [list(row.values())])
 
 
 def _embedded_kafka(ctx: Context) -> EmbeddedBroker:
@@ -80,10 +89,7 @@ def kafka_status(ctx: Context, as_json: bool) -> None:
         "data_dir": str(status.data_dir),
         "started_at": when(status.started_at),
     }
-    if as_json:
-        json_line(row)
-    else:
-        table(None, list(row), [list(row.values())])
+    _show(row, as_json)
 
 
 @kafka.command("logs")
@@ -129,10 +135,7 @@ def redis_status(ctx: Context, as_json: bool) -> None:
         "url": status.url,
         "started_at": when(status.started_at),
     }
-    if as_json:
-        json_line(row)
-    else:
-        table(None, list(row), [list(row.values())])
+    _show(row, as_json)
 
 
 @click.command()

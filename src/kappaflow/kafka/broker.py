@@ -189,7 +189,7 @@ class EmbeddedBroker:
         pid = self.process.status().pid
 
         def ready() -> bool | None:
-            if pid is None or not self.process.alive(pid):
+            if pid is None or self.process.exited(pid):
                 last = tail(self.log_dir / "broker.out", 5) or self.logs(5)
                 raise ServiceError(
                     "Kafka broker exited during start-up: "

@@ -115,7 +115,7 @@ class EmbeddedRedis:
         pid = self.process.status().pid
 
         def ready() -> bool | None:
-            if pid is None or not self.process.alive(pid):
+            if pid is None or self.process.exited(pid):
                 last = tail(self.home / "redis.log", 3)
                 raise ServiceError("Redis exited during start-up: " + (last[-1] if last else "?"))
             try:

@@ -127,7 +127,7 @@ class JobManager:
                 return record
             if record.state == "failed":
                 raise JobError(f"job {name!r} failed to start: {record.error}")
-            if not process.alive(pid):
+            if process.exited(pid):
                 last = tail(home / "driver.log", 1)
                 raise JobError(
                     f"job {name!r} exited during start-up: {last[-1] if last else '?'} "

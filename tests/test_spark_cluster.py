@@ -1,0 +1,135 @@
+"""The same job on a Spark standalone cluster (a master and a worker on this machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+from confluent_kafka import Producer
+
+from conftest import RunCli, free_port, start_clean_job
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.procs import wait_for
+from kappaflow.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A standalone master and one worker from PySpark's own distribution."""
+    home = Path(pyspark.__file__).parent
+    work = tmp_path_factory.mktemp("standalone")
+    port, ui = free_port(), free_port()
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(work)}
+    spark_class = str(home / "bin" / "spark-class")
+    url = f"spark://127.0.0.1:{port}"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, argv in (
+            (
+                "master",
+                [
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--webui-port",
+                    str(ui),
+                ],
+            ),
+            (
+                "worker",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "2g",
+                    "--webui-port",
+                    str(free_port()),
+                    "--work-dir",
+                    str(work / "work"),
+                ],
+            ),
+        ):
+            with open(work / f"{name}.log", "ab") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [spark_class, *argv],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        status_url = f"http://127.0.0.1:{ui}/json/"
+        wait_for(
+            lambda: True if _alive_workers(status_url) == 1 else None,
+            timeout=120,
+            what="the standalone worker to register",
+        )
+        yield url, status_url
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+def _master_state(status_url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(status_url, timeout=5) as response:
+        state: dict[str, Any] = json.loads(response.read())
+        return state
+
+
+def _alive_workers(status_url: str) -> int | None:
+    try:
+        return int(_master_state(status_url).get("aliveworkers", 0))
+    except OSError:
+        return None
+
+
+def test_clean_job_on_a_standalone_cluster(
+    standalone: tuple[str, str],
+    cli: RunCli,
+    kafka: Settings,
+    new_topic: Callable[..., str],
+    topic_name: str,
+) -> None:
+    url, status_url = standalone
+    source, dest, job = new_topic(), f"{topic_name}-out", f"cluster-{topic_name}"
+    producer = Producer(kafka.kafka.client_config())
+    for n in range(50):
+        producer.produce(source, value=json.dumps({"n": n}).encode())
+    assert producer.flush(30) == 0
+
+    started = start_clean_job(cli, job, source, dest, "--spark-master", url)
+    assert started.code == 0, started.err
+    apps = _master_state(status_url)["activeapps"]
+    assert f"kappaflow:{job}" in [app["name"] for app in apps]
+
+    def cleaned() -> list[int] | None:
+        try:
+            values = [
+                json.loads(m.value() or b"{}")["n"]
+                for m in read_records(kafka.kafka, dest, start=StartAt(beginning=True))
+            ]
+        except Exception:
+            return None
+        return values if len(values) >= 50 else None
+
+    assert sorted(wait_for(cleaned, timeout=180, what="the cluster's output")) == list(range(50))
+    assert cli("jobs", "stop", job).code == 0

@@ -147,3 +147,39 @@ def topic_exists(settings: Settings, topic: str) -> bool:
     from kappaflow.kafka.topics import list_topics
 
     return any(row["name"] == topic for row in list_topics(settings.kafka))
+
+
+def test_clean_job_in_real_time_mode(
+    cli: RunCli, kafka: Settings, new_topic: Callable[..., str], topic_name: str
+) -> None:
+    """Stateless pipelines run in Spark 4.3's real-time mode: long-running tasks, no batches."""
+    source, dest, job = new_topic(), f"{topic_name}-rt", f"rt-{topic_name}"
+    started = cli(
+        "jobs",
+        "start",
+        job,
+        "--pipeline",
+        "clean",
+        "-P",
+        f"source={source}",
+        "-P",
+        f"dest={dest}",
+        "-P",
+        "trigger=realtime",
+    )
+    assert started.code == 0, started.err
+    producer = Producer(kafka.kafka.client_config())
+    for n in range(5):
+        producer.produce(source, value=json.dumps({"n": n}).encode())
+    producer.produce(source, value=b"{oops")
+    assert producer.flush(30) == 0
+
+    def output(topic: str, count: int) -> list[dict[str, object]] | None:
+        values = _values(kafka, topic) if topic_exists(kafka, topic) else []
+        return values if len(values) >= count else None
+
+    cleaned = wait_for(lambda: output(dest, 5), timeout=120, what="real-time output")
+    assert sorted(int(str(v["n"])) for v in cleaned) == list(range(5))
+    dead = wait_for(lambda: output(f"{job}.dlq", 1), timeout=60, what="a real-time dead letter")
+    assert dead[0]["error"] == "not valid JSON"
+    assert cli("jobs", "stop", job).code == 0

@@ -95,6 +95,8 @@ def _stream(
     reader = consumer(settings.kafka)
     latest: list[dict[str, Any]] = []
     reader.assign([TopicPartition(DEST, p) for p in (0, 1)])
+    # The topics outlive a demo run: count only what this run adds.
+    baseline = _counts(reader)
     started = time.monotonic()
     with Live(console=console, refresh_per_second=2) as live:
         while (elapsed := time.monotonic() - started) < seconds:
@@ -109,7 +111,7 @@ def _stream(
             for message in reader.consume(500, timeout=0.1):
                 if message.error() is None and message.value():
                     latest = ([json.loads(message.value() or b"{}"), *latest])[:6]
-            counts = _counts(reader)
+            counts = {t: n - baseline.get(t, 0) for t, n in _counts(reader).items()}
             if not latest and counts[DEST]:
                 # Assigned before the job created any output: start over from the beginning.
                 reader.assign([TopicPartition(DEST, p, OFFSET_BEGINNING) for p in (0, 1)])

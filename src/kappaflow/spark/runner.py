@@ -77,7 +77,10 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
             {q.name or q.id: q.lastProgress for q in queries if q.lastProgress}, default=str
         )
         if snapshot != last_written:
-            progress_path.write_text(snapshot)
+            # Atomic, so that `jobs`, `demo` and status readers never see half a file.
+            scratch = progress_path.with_suffix(".tmp")
+            scratch.write_text(snapshot)
+            scratch.replace(progress_path)
             last_written = snapshot
         failed = [q for q in queries if not q.isActive and q.exception() is not None]
         if failed:

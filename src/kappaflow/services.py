@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kappaflow.kafka.broker import EmbeddedBroker
-from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
 
@@ -69,7 +68,3 @@ def status(settings: Settings) -> list[ServiceRow]:
     else:
         rows.append(ServiceRow("redis", "external", settings.redis.effective_url, None))
     return rows
-
-
-def all_running(settings: Settings) -> bool:
-    return all(row.state in (ProcState.RUNNING.value, "external") for row in status(settings))

@@ -81,6 +81,7 @@ def copy_dependencies(
         argv.append(f"-DincludeArtifactIds={','.join(include_artifact_ids)}")
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        lines = [ln for ln in (result.stdout + result.stderr).splitlines() if "ERROR" in ln]
-        reason = lines[0].replace("[ERROR] ", "").strip() if lines else "see mvn output"
+        output = [ln.strip() for ln in (result.stdout + result.stderr).splitlines() if ln.strip()]
+        errors = [ln.replace("[ERROR] ", "") for ln in output if ln.startswith("[ERROR]")]
+        reason = errors[0] if errors else (output[-1] if output else f"exit {result.returncode}")
         raise SetupError(f"resolving {pom.name} from Maven Central failed: {reason}")

@@ -7,6 +7,8 @@ the session time zone (event time is always UTC here), and any extra ``spark.*``
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -53,6 +55,10 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # Checkpoint format v2 is what stateful real-time mode requires in 4.3.
         "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
         "spark.local.dir": str((settings.state_dir / "spark-tmp").resolve()),
+        # Python workers run this interpreter (with kappaflow's dependencies), not whatever
+        # `python3` is first on PATH. On a cluster, point it at the executors' Python
+        # through spark.conf.
+        "spark.pyspark.python": sys.executable,
     }
     conf.update(spark.conf)
     return conf
@@ -62,6 +68,9 @@ def build_session(settings: Settings, app_name: str = "kappaflow") -> SparkSessi
     """A SparkSession for ``settings``; Java and the connector jars are checked first."""
     find_java()
     settings.checkpoint_root.mkdir(parents=True, exist_ok=True)
+    # SparkContext reads the Python workers' interpreter from this variable when it is
+    # created (spark.pyspark.python does not reach every runner, e.g. transformWithState's).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in session_conf(settings, app_name).items():
         builder = builder.config(key, value)

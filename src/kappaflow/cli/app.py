@@ -77,9 +77,9 @@ def cli(
 
 
 def _register() -> None:
-    from kappaflow.cli import data, jobs, services, topics
+    from kappaflow.cli import count, data, jobs, services, topics
 
-    for command in (*services.COMMANDS, topics.topics, *data.COMMANDS, jobs.jobs):
+    for command in (*services.COMMANDS, topics.topics, *data.COMMANDS, jobs.jobs, *count.COMMANDS):
         cli.add_command(command)
 
 

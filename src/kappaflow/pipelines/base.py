@@ -68,4 +68,5 @@ def get_pipeline(name: str) -> Pipeline:
 
 def _load_builtin() -> None:
     # Imported lazily so that importing kappaflow does not import every pipeline.
+    from kappaflow.counting import pipeline  # noqa: F401
     from kappaflow.pipelines import clean  # noqa: F401

@@ -1,0 +1,88 @@
+"""The ``count`` pipeline: Kafka → parse → windows → state machine → Redis and Kafka.
+
+Spark keeps the offsets and the state (RocksDB) in the job's checkpoint; the batch writer
+makes every output exactly once (see sink.py). The event-time watermark is declared on a
+column that is dropped before the stateful operator: Spark still computes the watermark
+and fires the timers by it, but no longer drops rows behind it before the operator sees
+them, so the operator can count them as corrections or report them as late.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from kappaflow.counting.events import assign_windows, parse_events
+from kappaflow.counting.processor import COLUMNS, DEAD, OUTPUT_SCHEMA, WindowCounter
+from kappaflow.counting.sink import BatchWriter, topics_of
+from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.store import CountStore
+from kappaflow.kafka.topics import create_topic, topic_partitions
+from kappaflow.pipelines.base import JobContext, Pipeline, register
+from kappaflow.serving.client import redis_client
+from kappaflow.spark.kafka_io import read_stream
+
+
+@register("count")
+def count() -> Pipeline:
+    return run
+
+
+def run(ctx: JobContext) -> list[StreamingQuery]:
+    spec = CountSpec.from_params(dict(ctx.params))
+    kafka = ctx.settings.kafka
+    partitions = len(topic_partitions(kafka, spec.source))
+    topics = topics_of(ctx.name)
+    for name in (topics["counts"], topics["late"], topics["dlq"]):
+        create_topic(kafka, name, partitions=partitions, exist_ok=True)
+    create_topic(
+        kafka, topics["commits"], partitions=1, exist_ok=True, configs={"cleanup.policy": "compact"}
+    )
+    store = CountStore(redis_client(ctx.settings), ctx.name)
+    output = build(read_stream(ctx.spark, ctx.settings, spec.source), spec)
+    writer = (
+        output.writeStream.queryName(ctx.name)
+        .outputMode("update")
+        .option("checkpointLocation", str(ctx.checkpoint_dir / "count"))
+        .foreachBatch(BatchWriter(ctx.settings, ctx.name, store))
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if spec.available_now
+        else writer.trigger(processingTime="0 seconds")
+    )
+    return [writer.start()]
+
+
+def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
+    """Everything the batch writer gets: changes, statistics, late and dead records."""
+    events = parse_events(raw, spec)
+    windows = (
+        assign_windows(events.where(F.col("reason").isNull()), spec)
+        .withColumn("_event_time", F.timestamp_millis(F.col("ts")))
+        .withWatermark("_event_time", f"{spec.watermark_ms} milliseconds")
+        .drop("_event_time")
+    )
+    counted = windows.groupBy("key", "window_start").transformWithStateInPandas(
+        statefulProcessor=WindowCounter(
+            spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
+        ),
+        outputStructType=OUTPUT_SCHEMA,
+        outputMode="Update",
+        timeMode="EventTime",
+    )
+    types = dict(field.split() for field in OUTPUT_SCHEMA.split(", "))
+    dead = events.where(F.col("reason").isNotNull()).select(
+        *[
+            F.lit(DEAD).alias(c)
+            if c == "kind"
+            else F.col(c).cast(types[c]).alias(c)
+            if c in ("reason", "value", "src_topic", "src_partition", "src_offset")
+            else F.lit(-1 if c == "src_partition" else 0).cast(types[c]).alias(c)
+            if types[c] in ("BIGINT", "INT")
+            else F.lit(None).cast(types[c]).alias(c)
+            for c in COLUMNS
+        ]
+    )
+    return counted.unionByName(dead)

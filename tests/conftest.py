@@ -174,3 +174,16 @@ def start_clean_job(cli: RunCli, job: str, source: str, dest: str, *global_args:
         "-P",
         f"dest={dest}",
     )
+
+
+@pytest.fixture(scope="session")
+def serving(kafka: Settings) -> Iterator[Settings]:
+    """Settings whose Redis (the serving store) is running, as well as Kafka."""
+    from kappaflow.serving.redis_server import EmbeddedRedis
+
+    store = EmbeddedRedis(kafka)
+    store.start()
+    try:
+        yield kafka
+    finally:
+        store.stop()

@@ -26,7 +26,8 @@ from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
 
-#: Test hook: "after-redis:N" or "after-kafka:N" kills the driver at that point of batch N,
+#: Test hook: "before-redis:N", "after-redis:N" or "after-kafka:N" SIGKILLs the driver at that
+#: point of batch N (computed, half written, written but not committed by Spark),
 #: so the suite can show that a crash anywhere changes nothing in the results.
 CRASH_ENV = "KAPPAFLOW_TEST_CRASH_AT"
 
@@ -75,6 +76,7 @@ class BatchWriter:
             "dlq": len(dead),
             "watermark": max((r.watermark for r in rows), default=0),
         }
+        _maybe_crash("before-redis", batch_id)
         self.store.apply(
             batch_id,
             [

@@ -1,0 +1,289 @@
+"""Continuous counting against the real broker, Redis and Spark: semantics and exactly-once."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer
+
+from conftest import Result, RunCli, run_kappaflow
+from kappaflow.counting.sink import CRASH_ENV
+from kappaflow.counting.store import CountStore
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.procs import wait_for
+from kappaflow.settings import Settings
+from kappaflow.spark.jobs import JobManager
+
+WINDOW_MS = 10_000
+# A minute boundary, so windows line up with the events below.
+BASE = 1_795_300_000_000 - 1_795_300_000_000 % 60_000
+DEFINITION = (
+    "--key",
+    "page",
+    "--time",
+    "ts",
+    "--id",
+    "id",
+    "--window",
+    "10s",
+    "--watermark",
+    "5s",
+    "--allowed-lateness",
+    "20s",
+)
+
+
+def events(n: int = 30, start: int = 0) -> list[dict[str, Any]]:
+    """Page views two seconds apart over three pages, ids e<start>…"""
+    return [
+        {"page": f"/p{i % 3}", "ts": BASE + i * 2000, "id": f"e{i}"}
+        for i in range(start, start + n)
+    ]
+
+
+def send(settings: Settings, topic: str, values: Sequence[dict[str, Any] | bytes]) -> None:
+    producer = Producer(settings.kafka.client_config())
+    for value in values:
+        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+        key = None if isinstance(value, bytes) else str(value["page"]).encode()
+        producer.produce(topic, key=key, value=raw)
+    assert producer.flush(30) == 0
+
+
+def expected(values: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """Counts per (page, window start), computed without the engine; ids counted once."""
+    seen: set[str] = set()
+    counts: Counter[tuple[str, int]] = Counter()
+    for value in values:
+        if value["id"] in seen:
+            continue
+        seen.add(value["id"])
+        counts[(value["page"], value["ts"] - value["ts"] % WINDOW_MS)] += 1
+    return dict(counts)
+
+
+def store_counts(settings: Settings, job: str) -> dict[tuple[str, int], int]:
+    store = CountStore(redis.Redis.from_url(settings.redis.effective_url), job)
+    return {(w.key, w.window_start): w.count for w in store.windows()}
+
+
+def stats(settings: Settings, job: str) -> dict[str, int]:
+    return CountStore(redis.Redis.from_url(settings.redis.effective_url), job).stats()
+
+
+def changelog(settings: Settings, job: str) -> list[dict[str, Any]]:
+    """The changelog as a read_committed consumer sees it."""
+    return [
+        json.loads(m.value() or b"{}")
+        for m in read_records(settings.kafka, f"{job}.counts", start=StartAt(beginning=True))
+    ]
+
+
+def topic_values(settings: Settings, topic: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(m.value() or b"{}")
+        for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
+    ]
+
+
+def start(
+    cli: RunCli, job: str, source: str, *extra: str, env: dict[str, str] | None = None
+) -> Result:
+    result = cli("count", "start", job, "--source", source, *DEFINITION, *extra, env=env)
+    assert result.code == 0, result.err
+    return result
+
+
+def wait_stats(settings: Settings, job: str, **wanted: int) -> dict[str, int]:
+    def reached() -> dict[str, int] | None:
+        current = stats(settings, job)
+        return current if all(current.get(k, 0) >= v for k, v in wanted.items()) else None
+
+    return wait_for(reached, timeout=180, interval=0.5, what=f"{job} to reach {wanted}")
+
+
+@pytest.fixture
+def job_name(serving: Settings) -> Iterator[str]:
+    name = f"count-{uuid.uuid4().hex[:8]}"
+    yield name
+    jobs = JobManager(serving)
+    if jobs.get_state(name) == "running":
+        jobs.stop(name)
+
+
+def test_event_time_corrections_late_events_and_dead_letters(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic(partitions=2)
+    first = events()
+    duplicate = dict(first[0])
+    send(serving, source, [*first, duplicate, b"garbage", b'{"page": "/x"}'])
+    start(cli, job_name, source)
+    wait_stats(serving, job_name, counted=30, duplicates=1, dlq=2)
+
+    # The watermark is now BASE+58s-5s: windows ending by BASE+50s become final.
+    def finals() -> bool | None:
+        final = [
+            w
+            for w in CountStore(
+                redis.Redis.from_url(serving.redis.effective_url), job_name
+            ).windows()
+            if w.final
+        ]
+        return True if len(final) == 15 else None
+
+    wait_for(finals, timeout=120, what="the windows behind the watermark to be final")
+    assert store_counts(serving, job_name) == expected(first)
+
+    correction = {"page": "/p0", "ts": BASE + 45_000, "id": "late-but-allowed"}
+    too_late = {"page": "/p0", "ts": BASE + 5_000, "id": "too-late"}
+    send(serving, source, [correction, too_late])
+    final_stats = wait_stats(serving, job_name, counted=31, late=1)
+
+    want = expected([*first, correction])
+    assert store_counts(serving, job_name) == want
+    assert (
+        final_stats["counted"]
+        + final_stats["duplicates"]
+        + final_stats["late"]
+        + final_stats["dlq"]
+        == 35
+    )
+    status = json.loads(cli("count", "status", job_name).out)
+    assert status["events_read"] == 35
+    assert (
+        status["counted"],
+        status["duplicates_dropped"],
+        status["late"],
+        status["dead_letters"],
+    ) == (31, 1, 1, 2)
+
+    changes = changelog(serving, job_name)
+    by_window: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for change in changes:
+        by_window[(change["key"], change["window_start"])].append(change)
+    for history in by_window.values():
+        assert [c["version"] for c in history] == list(range(1, len(history) + 1))
+        for before, after in itertools.pairwise(history):
+            assert after["previous"] == before["count"]
+        assert history[0]["kind"] == "provisional" and history[0]["previous"] == 0
+    corrected = by_window[("/p0", "2026-11-21T22:26:40.000Z")]
+    assert [c["kind"] for c in corrected] == ["provisional", "final", "correction"]
+    assert (corrected[-1]["previous"], corrected[-1]["count"]) == (2, 3)
+
+    late = topic_values(serving, f"{job_name}.late")
+    assert len(late) == 1
+    assert json.loads(late[0]["event"])["id"] == "too-late"
+    assert late[0]["reason"].startswith("too late") and late[0]["watermark"]
+    dead = topic_values(serving, f"{job_name}.dlq")
+    assert sorted(d["error"] for d in dead) == ["missing time field 'ts'", "not valid JSON"]
+    assert all(d["source_topic"] == source for d in dead)
+
+    rows = [json.loads(line) for line in cli("counts", job_name, "--key", "/p0").lines()]
+    assert {r["window_start"]: r["count"] for r in rows}["2026-11-21T22:26:40.000Z"] == 3
+    final_only = cli("counts", job_name, "--final-only").lines()
+    assert len(final_only) == 15
+
+
+@pytest.mark.parametrize("crash_at", ["before-redis:0", "after-redis:0", "after-kafka:0"])
+def test_a_crash_changes_nothing(
+    cli: RunCli,
+    serving: Settings,
+    new_topic: Callable[..., str],
+    job_name: str,
+    crash_at: str,
+) -> None:
+    source = new_topic(partitions=2)
+    values = events()
+    send(serving, source, [*values, dict(values[3])])
+    start(cli, job_name, source, env={CRASH_ENV: crash_at})
+    jobs = JobManager(serving)
+    wait_for(
+        lambda: True if jobs.get_state(job_name) == "crashed" else None,
+        timeout=180,
+        what="the injected crash",
+    )
+    start(cli, job_name, source)  # resumes from the checkpoint, without the crash hook
+    wait_stats(serving, job_name, counted=30, duplicates=1)
+    wait_for(
+        lambda: True if len(changelog(serving, job_name)) >= 18 else None,
+        timeout=120,
+        what="the changelog",
+    )
+
+    assert store_counts(serving, job_name) == expected(values)
+    assert stats(serving, job_name)["counted"] == 30  # not 60: the batch applied once
+    changes = changelog(serving, job_name)
+    identities = [(c["key"], c["window_start"], c["version"]) for c in changes]
+    assert len(identities) == len(set(identities)), "a change was published twice"
+    provisional = [c for c in changes if c["kind"] == "provisional"]
+    assert {(c["key"], c["window_start"]) for c in provisional} == {
+        (k, _iso(start_ms)) for k, start_ms in expected(values)
+    }
+
+
+def _iso(millis: int) -> str:
+    from kappaflow.timeutil import from_epoch_ms, iso
+
+    return iso(from_epoch_ms(millis))
+
+
+def test_replay_of_the_log_gives_the_live_results(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic(partitions=2)
+    values = events(40)
+    send(serving, source, values[:20])
+    start(cli, job_name, source)
+    wait_stats(serving, job_name, counted=20)
+    send(serving, source, values[20:])
+    wait_stats(serving, job_name, counted=40)
+    live = store_counts(serving, job_name)
+    assert live == expected(values)
+
+    replay = f"{job_name}-replay"
+    started = start(cli, replay, source, "--available-now")
+    assert "running" in started.err or "finished" in started.err
+    wait_for(
+        lambda: True if JobManager(serving).get_state(replay) == "finished" else None,
+        timeout=180,
+        what="the replay to finish",
+    )
+    assert store_counts(serving, replay) == live
+
+
+def test_count_cli_misuse(serving: Settings, new_topic: Callable[..., str]) -> None:
+    source = new_topic()
+
+    def run(*args: str) -> Result:
+        return run_kappaflow(
+            serving, "count", "start", "bad", "--source", source, "--key", "k", "--time", "t", *args
+        )
+
+    both = run("--window", "1m", "--session-gap", "5m")
+    assert both.code != 0 and "exactly one of" in both.err
+    assert "invalid duration" in run("--window", "soon").err
+    assert "--slide must divide" in run("--window", "1m", "--slide", "7s").err
+    missing = run_kappaflow(
+        serving,
+        "count",
+        "start",
+        "bad",
+        "--source",
+        "no-such-topic",
+        "--key",
+        "k",
+        "--time",
+        "t",
+        "--window",
+        "1m",
+    )
+    assert missing.code != 0
+    assert "Traceback" not in missing.err

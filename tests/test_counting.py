@@ -287,3 +287,33 @@ def test_count_cli_misuse(serving: Settings, new_topic: Callable[..., str]) -> N
     )
     assert missing.code != 0
     assert "Traceback" not in missing.err
+
+
+def test_sliding_windows_and_state_readback(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic()
+    values = events(20)
+    send(serving, source, values)
+    start(cli, job_name, source, "--slide", "5s")  # 10s windows every 5s
+    wait_stats(serving, job_name, counted=20)
+    want: Counter[tuple[str, int]] = Counter()
+    for value in values:
+        newest = value["ts"] - value["ts"] % 5000
+        for window_start in (newest, newest - 5000):
+            want[(value["page"], window_start)] += 1
+    wait_for(
+        lambda: True if store_counts(serving, job_name) == dict(want) else None,
+        timeout=60,
+        what="sliding counts",
+    )
+    assert stats(serving, job_name)["counted"] == 20  # events, not window increments
+
+    from_state = [json.loads(line) for line in cli("counts", job_name, "--from-state").lines()]
+    from_store = {
+        (r["key"], r["window_start"]): r["count"]
+        for r in map(json.loads, cli("counts", job_name).lines())
+    }
+    assert from_state, "the state holds the windows still open"
+    for row in from_state:
+        assert from_store[(row["key"], row["window_start"])] == row["count"]

@@ -23,7 +23,7 @@ def _commands() -> list[list[str]]:
     lines = re.findall(r"(?:^|\| )kappaflow (.+)$", blocks, flags=re.MULTILINE)
     for text in spans + lines:
         words: list[str] = []
-        for word in shlex.split(text.split("#")[0]):
+        for word in shlex.split(text.split("#")[0].rstrip(" \\")):
             if not re.fullmatch(r"[a-z][a-z-]*", word):
                 break
             words.append(word)

@@ -1,50 +1,85 @@
-"""The round-trip demo: a clickstream into Kafka, a Spark job cleaning it, results live.
+"""The demo: page views flow into Kafka, a counting job counts them per page per minute.
 
-It starts the embedded services, creates the topics, starts the ``clean`` job as a
-process of its own, sends page views (about 2% of them malformed) at a steady rate, and
-shows what reaches the output and dead-letter topics. At the end, or on Ctrl-C, it stops
-the job and the services it started.
+It starts the embedded services, starts the ``count`` job as a process of its own, and
+sends a generated clickstream: events a little out of order, about 1% sent twice, 0.5%
+hopelessly late, 0.5% malformed. Event time runs on a time-lapse clock (a minute of
+event time every five seconds by default) so windows close while you watch. The terminal
+shows the latest windows' provisional and final counts from Redis, with the job's
+counters, watermark and end-to-end latency. At the end, or on Ctrl-C, it stops the job
+and the services it started.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from bisect import bisect_left
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from kappaflow import services
-from kappaflow.kafka.clients import consumer, producer
-from kappaflow.kafka.topics import create_topic
+from kappaflow.counting.sink import topics_of
+from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.store import CountStore
+from kappaflow.kafka.clients import producer
+from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import ProcState
+from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.spark.jobs import JobManager
+from kappaflow.timeutil import from_epoch_ms
 
-SOURCE, DEST, JOB = "demo.clicks", "demo.clicks.clean", "demo-clean"
-PAGES = ["/", "/search", "/cart", "/checkout", *(f"/products/{n}" for n in range(20))]
+SOURCE, JOB = "demo.pageviews", "demo-views"
+PAGES = ["/", "/search", "/cart", "/checkout", *(f"/products/{n}" for n in range(12))]
+SPEC = CountSpec(
+    source=SOURCE,
+    key_field="page",
+    time_field="ts",
+    id_field="id",
+    window_ms=60_000,
+    watermark_ms=30_000,
+    allowed_lateness_ms=120_000,
+)
 
 
 @dataclass
-class Counters:
+class Clickstream:
+    """Page views on a time-lapse event clock, with the faults real streams have."""
+
+    speedup: float
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    started: float = field(default_factory=time.monotonic)
+    origin_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     sent: int = 0
-    malformed: int = 0
+    recent: list[bytes] = field(default_factory=list)
 
+    def now_ms(self) -> int:
+        return self.origin_ms + int((time.monotonic() - self.started) * 1000 * self.speedup)
 
-def click_event(rng: random.Random) -> bytes:
-    """One page view; event time is when it happened, a little before it is sent."""
-    happened = int(time.time() * 1000) - rng.randint(0, 3000)
-    event = {"user": f"u{rng.randint(1, 500)}", "page": rng.choice(PAGES), "ts": happened}
-    if rng.random() < 0.02:
-        return json.dumps(event).encode()[:-7]  # cut short, as a crashed client would
-    return json.dumps(event).encode()
+    def next(self) -> bytes:
+        self.sent += 1
+        roll = self.rng.random()
+        if roll < 0.01 and self.recent:
+            return self.rng.choice(self.recent)  # a producer retry: same id again
+        if roll < 0.015:
+            return b'{"page": "/cart", "ts": '  # a client that died mid-write
+        delay = 300_000 if roll < 0.02 else int(self.rng.expovariate(1 / 4000))
+        event = {
+            "id": f"v{self.sent}",
+            "page": self.rng.choice(PAGES),
+            "user": f"u{self.rng.randint(1, 2000)}",
+            "ts": self.now_ms() - delay,
+        }
+        raw = json.dumps(event).encode()
+        self.recent = [*self.recent[-50:], raw]
+        return raw
 
 
 def run_demo(
@@ -53,6 +88,7 @@ def run_demo(
     seconds: float,
     rate: int,
     console: Console,
+    speedup: float = 12.0,
     overrides: dict[str, Any] | None = None,
     config_file: Path | None = None,
 ) -> None:
@@ -62,108 +98,109 @@ def run_demo(
         console.print(line)
     jobs = JobManager(settings)
     try:
-        for topic in (SOURCE, DEST):
-            create_topic(settings.kafka, topic, partitions=2, exist_ok=True)
-        console.print(f"starting Spark job {JOB} ({SOURCE} -> {DEST}) …")
-        if jobs.get_state(JOB) != "running":
-            jobs.start(
-                JOB,
-                "clean",
-                {"source": SOURCE, "dest": DEST},
-                overrides=overrides,
-                config_file=config_file,
-            )
-        _stream(settings, jobs, seconds=seconds, rate=rate, console=console)
+        _reset(settings, jobs)
+        create_topic(settings.kafka, SOURCE, partitions=2, exist_ok=True)
+        console.print(f"starting counting job {JOB}: views per page per minute of {SOURCE} …")
+        jobs.start(JOB, "count", SPEC.to_params(), overrides=overrides, config_file=config_file)
+        _stream(settings, jobs, seconds=seconds, rate=rate, speedup=speedup, console=console)
     except KeyboardInterrupt:
         console.print("interrupted")
     finally:
         if jobs.get_state(JOB) == "running":
             jobs.stop(JOB)
             console.print(f"job {JOB} stopped")
-        started_here = [s for s, state in before.items() if state == ProcState.STOPPED.value]
-        if started_here:
+        if any(state == ProcState.STOPPED.value for state in before.values()):
             for line in services.down(settings):
                 console.print(line)
 
 
+def _reset(settings: Settings, jobs: JobManager) -> None:
+    """Start from nothing: the time-lapse clock must not run into an old watermark."""
+    if jobs.get_state(JOB) == "running":
+        jobs.stop(JOB)
+    CountStore(redis_client(settings), JOB).drop()
+    shutil.rmtree(settings.checkpoint_root / JOB, ignore_errors=True)
+    shutil.rmtree(jobs.job_dir(JOB), ignore_errors=True)
+    existing = {row["name"] for row in list_topics(settings.kafka)}
+    for topic in (SOURCE, *topics_of(JOB).values()):
+        if topic in existing:
+            delete_topic(settings.kafka, topic)
+
+
 def _stream(
-    settings: Settings, jobs: JobManager, *, seconds: float, rate: int, console: Console
+    settings: Settings,
+    jobs: JobManager,
+    *,
+    seconds: float,
+    rate: int,
+    speedup: float,
+    console: Console,
 ) -> None:
-    rng = random.Random(7)
-    counters = Counters()
+    clicks = Clickstream(speedup)
     out = producer(settings.kafka)
-    reader = consumer(settings.kafka)
-    latest: list[dict[str, Any]] = []
-    reader.assign([TopicPartition(DEST, p) for p in (0, 1)])
-    # The topics outlive a demo run: count only what this run adds.
-    baseline = _counts(reader)
+    store = CountStore(redis_client(settings), JOB)
+    sent_at: list[tuple[float, int]] = []
     started = time.monotonic()
+    next_view = 0.0
     with Live(console=console, refresh_per_second=2) as live:
         while (elapsed := time.monotonic() - started) < seconds:
             # Open loop: send what the schedule says by now, whatever the job does.
-            due = int(elapsed * rate) - counters.sent
-            for _ in range(max(0, due)):
-                value = click_event(rng)
-                out.produce(SOURCE, value=value)
-                counters.sent += 1
-                counters.malformed += not value.endswith(b"}")
+            for _ in range(max(0, int(elapsed * rate) - clicks.sent)):
+                out.produce(SOURCE, value=clicks.next())
             out.poll(0)
-            for message in reader.consume(500, timeout=0.1):
-                if message.error() is None and message.value():
-                    latest = ([json.loads(message.value() or b"{}"), *latest])[:6]
-            counts = {t: n - baseline.get(t, 0) for t, n in _counts(reader).items()}
-            if not latest and counts[DEST]:
-                # Assigned before the job created any output: start over from the beginning.
-                reader.assign([TopicPartition(DEST, p, OFFSET_BEGINNING) for p in (0, 1)])
-            live.update(_view(jobs, counters, latest, elapsed, counts))
+            sent_at.append((time.monotonic(), clicks.sent))
+            if elapsed >= next_view:
+                live.update(_view(store, jobs, clicks, sent_at, elapsed))
+                next_view = elapsed + 0.5
+            time.sleep(0.02)
     out.flush(10)
-    reader.close()
 
 
 def _view(
+    store: CountStore,
     jobs: JobManager,
-    counters: Counters,
-    latest: list[dict[str, Any]],
+    clicks: Clickstream,
+    sent_at: list[tuple[float, int]],
     elapsed: float,
-    counts: dict[str, int],
 ) -> Group:
-    progress = jobs.progress(JOB).get(JOB) or {}
-    summary = Table(title=f"kappaflow demo: {elapsed:4.0f}s", title_justify="left")
-    for column in ("sent", "malformed", "job", "batch", "in/s", "out/s", "cleaned", "dead letters"):
-        summary.add_column(column, justify="right")
-    summary.add_row(
-        str(counters.sent),
-        str(counters.malformed),
-        jobs.get_state(JOB),
-        str(progress.get("batchId", "-")),
-        f"{progress.get('inputRowsPerSecond', 0):.0f}",
-        f"{progress.get('processedRowsPerSecond', 0):.0f}",
-        str(counts.get(DEST, 0)),
-        str(counts.get(f"{JOB}.dlq", 0)),
+    stats = store.stats()
+    processed = sum(stats.get(k, 0) for k in ("counted", "duplicates", "late", "dlq"))
+    # End-to-end latency: how long ago the newest processed event was sent.
+    index = bisect_left([count for _, count in sent_at], processed) if processed else None
+    latency = (
+        f"{time.monotonic() - sent_at[index][0]:.1f}s"
+        if index is not None and index < len(sent_at)
+        else "-"
     )
-    recent = Table(title=f"latest events in {DEST}", title_justify="left")
-    for column in ("user", "page", "event time"):
-        recent.add_column(column)
-    for event in latest:
-        stamp = datetime.fromtimestamp(int(event.get("ts", 0)) / 1000, tz=UTC)
-        recent.add_row(
-            str(event.get("user")), str(event.get("page")), stamp.strftime("%H:%M:%S.%f")[:-3]
-        )
-    return Group(summary, recent)
-
-
-def _counts(reader: Any) -> dict[str, int]:
-    """Records in the output and dead-letter topics (the job creates the latter)."""
-    counts: dict[str, int] = {}
-    for topic in (DEST, f"{JOB}.dlq"):
-        total = 0
-        for partition in (0, 1):
-            try:
-                low, high = reader.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=1.0, cached=False
-                )
-            except Exception:  # the topic or partition does not exist (yet)
-                continue
-            total += high - low
-        counts[topic] = total
-    return counts
+    watermark = stats.get("watermark", 0)
+    head = Table(
+        title=f"kappaflow demo: {elapsed:3.0f}s, job {jobs.get_state(JOB)}", title_justify="left"
+    )
+    for column in ("sent", "counted", "dups", "late", "dlq", "watermark", "latency"):
+        head.add_column(column, justify="right")
+    head.add_row(
+        str(clicks.sent),
+        str(stats.get("counted", 0)),
+        str(stats.get("duplicates", 0)),
+        str(stats.get("late", 0)),
+        str(stats.get("dlq", 0)),
+        from_epoch_ms(watermark).strftime("%H:%M:%S") if watermark else "-",
+        latency,
+    )
+    windows = list(store.windows())
+    starts = sorted({w.window_start for w in windows})[-3:]
+    grid = Table(title="views per page per minute (event time; ✓ final)", title_justify="left")
+    grid.add_column("page")
+    for start in starts:
+        grid.add_column(from_epoch_ms(start).strftime("%H:%M"), justify="right")
+    cells = {(w.key, w.window_start): w for w in windows}
+    busiest = sorted(
+        PAGES, key=lambda p: -sum(cells[(p, s)].count for s in starts if (p, s) in cells)
+    )[:8]
+    for page in busiest:
+        row = [page]
+        for start in starts:
+            cell = cells.get((page, start))
+            row.append(f"{cell.count}{' ✓' if cell.final else '  '}" if cell else "")
+        grid.add_row(*row)
+    return Group(head, grid)

@@ -172,11 +172,11 @@ def status(ctx: Context, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--seconds", default=45.0, show_default=True, help="how long to run")
-@click.option("--rate", default=200, show_default=True, help="page views per second")
+@click.option("--seconds", default=60.0, show_default=True, help="how long to run")
+@click.option("--rate", default=500, show_default=True, help="page views per second")
 @pass_context
 def demo(ctx: Context, seconds: float, rate: int) -> None:
-    """A clickstream through Kafka and a Spark job, shown live (Ctrl-C ends it)."""
+    """Page views counted per page per minute, shown live (Ctrl-C ends it)."""
     from rich.console import Console
 
     from kappaflow.demo import run_demo

@@ -39,8 +39,9 @@ format: $(VENV_STAMP)
 test: setup lint
 	$(BIN)/pytest
 
+# Long runs with printed figures and result files under bench-results/; never part of test.
 bench: setup
-	@echo "no benchmarks yet: the counting and YSB issues add them"
+	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count --events 1000000 --out bench-results/count
 
 clean:
 	-$(BIN)/kappaflow --state-dir $(STATE_DIR) down 2>/dev/null

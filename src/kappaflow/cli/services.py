@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import click
 
@@ -191,4 +192,65 @@ def demo(ctx: Context, seconds: float, rate: int) -> None:
     )
 
 
-COMMANDS = (setup, kafka, redis, up, down, status, demo)
+@click.group()
+def bench() -> None:
+    """Benchmarks: long runs that print figures and write result files."""
+
+
+@bench.command("count")
+@click.option("--events", default=1_000_000, show_default=True, help="backlog size")
+@click.option("--keys", default=10_000, show_default=True, help="distinct keys")
+@click.option("--latency-rate", default=20_000, show_default=True, help="events/s, steady")
+@click.option("--latency-seconds", default=60.0, show_default=True)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results/count",
+    show_default=True,
+    type=click.Path(path_type=Path),
+)
+@pass_context
+def bench_count(
+    ctx: Context, events: int, keys: int, latency_rate: int, latency_seconds: float, out_dir: Path
+) -> None:
+    """Counting throughput (1-minute windows) and latency, with the read ceiling."""
+    from kappaflow.bench.counting import run
+
+    svc.up(ctx.settings)
+    result = run(
+        ctx.settings,
+        events=events,
+        keys=keys,
+        latency_rate=latency_rate,
+        latency_seconds=latency_seconds,
+        out_dir=out_dir,
+        overrides=ctx.overrides,
+    )
+    p50 = f"{result.latency_p50_s:.2f}s" if result.latency_p50_s is not None else "-"
+    p99 = f"{result.latency_p99_s:.2f}s" if result.latency_p99_s is not None else "-"
+    table(
+        "counting benchmark",
+        ["measure", "value"],
+        [
+            ["events x bytes", f"{result.events} x {result.event_bytes}"],
+            ["keys", result.keys],
+            ["produce rate (backlog)", f"{result.produce_rate:,.0f}/s"],
+            ["ceiling: Spark Kafka read", f"{result.ceiling_spark_rate:,.0f}/s"],
+            ["ceiling: confluent-kafka consumer", f"{result.ceiling_consumer_rate:,.0f}/s"],
+            [
+                "count job throughput (backlog)",
+                f"{result.throughput_rate:,.0f}/s ({result.throughput_seconds:.0f}s)",
+            ],
+            [
+                "  as a share of the Spark ceiling",
+                f"{result.throughput_rate / result.ceiling_spark_rate:.1%}"
+                if result.ceiling_spark_rate
+                else "-",
+            ],
+            [f"latency p50 / p99 at {result.latency_rate}/s", f"{p50} / {p99}"],
+        ],
+    )
+    say(f"wrote {out_dir / 'result.json'}")
+
+
+COMMANDS = (setup, kafka, redis, up, down, status, demo, bench)

@@ -1,0 +1,1 @@
+"""Benchmarks: long runs that print figures and write result files (never tests)."""

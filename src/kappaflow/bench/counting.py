@@ -1,0 +1,233 @@
+"""The counting benchmark: throughput and latency of the count job on this machine.
+
+Three measurements in one run, on the same broker and machine:
+
+1. ceiling: how fast the raw topic can be read (Spark's Kafka source, counting rows, and
+   a confluent-kafka consumer), the upper bound for any job reading it;
+2. throughput: a backlog of ~250-byte JSON events over many keys, counted by a
+   ``--available-now`` job in 1-minute tumbling windows, end to end (Kafka → Spark state
+   → Redis and the Kafka changelog), events per second from the job's start of work to
+   the last event accounted for in Redis;
+3. latency: events sent open loop at a steady rate with event time = send time; every
+   100 ms the benchmark reads how many events the job has accounted for and records how
+   long ago the newest of them was sent (event → result visible in Redis).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.store import CountStore
+from kappaflow.kafka.clients import consumer, producer
+from kappaflow.kafka.topics import create_topic
+from kappaflow.procs import wait_for
+from kappaflow.serving.client import redis_client
+from kappaflow.settings import Settings
+from kappaflow.spark.jobs import JobManager
+
+PAD = "x" * 150  # brings an event to ~250 bytes of JSON, as the issue's workload says
+
+
+@dataclass
+class CountBenchResult:
+    events: int
+    keys: int
+    event_bytes: int
+    produce_rate: float = 0.0
+    ceiling_spark_rate: float = 0.0
+    ceiling_consumer_rate: float = 0.0
+    throughput_rate: float = 0.0
+    throughput_seconds: float = 0.0
+    latency_rate: int = 0
+    latency_seconds: float = 0.0
+    latency_p50_s: float | None = None
+    latency_p99_s: float | None = None
+    latency_samples: int = 0
+    machine: dict[str, Any] = field(default_factory=dict)
+
+
+def event(rng: random.Random, n: int, keys: int, ts: int) -> bytes:
+    return json.dumps(
+        {"id": f"e{n}", "key": f"k{rng.randrange(keys)}", "ts": ts, "pad": PAD}
+    ).encode()
+
+
+def produce_backlog(settings: Settings, topic: str, events: int, keys: int) -> float:
+    """Send ``events`` as fast as possible; event time advances 1 minute per 100k events."""
+    rng = random.Random(1)
+    out = producer(
+        settings.kafka, **{"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"}
+    )
+    origin = int(time.time() * 1000) - 3_600_000
+    started = time.perf_counter()
+    for n in range(events):
+        value = event(rng, n, keys, origin + n * 60_000 // 100_000)
+        while True:
+            try:
+                out.produce(topic, value=value)
+                break
+            except BufferError:
+                out.poll(0.05)
+    out.flush(120)
+    return events / (time.perf_counter() - started)
+
+
+def ceiling_consumer(settings: Settings, topic: str, events: int) -> float:
+    reader = consumer(settings.kafka, **{"fetch.max.bytes": 52_428_800})
+    reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (0, 1)])
+    seen = 0
+    started = time.perf_counter()
+    deadline = started + 600
+    while seen < events and time.perf_counter() < deadline:
+        for message in reader.consume(10_000, timeout=1.0):
+            if message.error() is None:
+                seen += 1
+    reader.close()
+    return seen / (time.perf_counter() - started)
+
+
+def ceiling_spark(settings: Settings, topic: str) -> float:
+    from kappaflow.spark.kafka_io import read_batch
+    from kappaflow.spark.session import build_session
+
+    spark = build_session(settings, "kappaflow-bench-ceiling")
+    read_batch(spark, settings, topic).count()  # warm up: JIT, connections
+    started = time.perf_counter()
+    # Touch every value, so that the read is not optimised into offset arithmetic.
+    total = (
+        read_batch(spark, settings, topic).selectExpr("length(value) AS n").where("n > 0").count()
+    )
+    elapsed = time.perf_counter() - started
+    spark.stop()
+    return total / elapsed
+
+
+def run_count_job(
+    settings: Settings, name: str, topic: str, available_now: bool, overrides: dict[str, Any]
+) -> tuple[JobManager, float]:
+    spec = CountSpec(
+        source=topic,
+        key_field="key",
+        time_field="ts",
+        window_ms=60_000,
+        watermark_ms=10_000,
+        allowed_lateness_ms=0,
+        available_now=available_now,
+    )
+    jobs = JobManager(settings)
+    jobs.start(name, "count", spec.to_params(), overrides=overrides)
+    return jobs, time.perf_counter()
+
+
+def processed(store: CountStore) -> int:
+    stats = store.stats()
+    return sum(stats.get(k, 0) for k in ("counted", "duplicates", "late", "dlq"))
+
+
+def measure_throughput(
+    settings: Settings, topic: str, events: int, overrides: dict[str, Any]
+) -> tuple[float, float]:
+    name = f"bench-count-{uuid.uuid4().hex[:6]}"
+    store = CountStore(redis_client(settings), name)
+    jobs, started = run_count_job(settings, name, topic, True, overrides)
+    wait_for(
+        lambda: True if processed(store) >= events else None,
+        timeout=3600,
+        interval=0.5,
+        what="the backlog to be counted",
+    )
+    elapsed = time.perf_counter() - started
+    if jobs.get_state(name) == "running":
+        jobs.stop(name)
+    return events / elapsed, elapsed
+
+
+def measure_latency(
+    settings: Settings, rate: int, seconds: float, keys: int, overrides: dict[str, Any]
+) -> list[float]:
+    topic = f"bench.latency.{uuid.uuid4().hex[:6]}"
+    create_topic(settings.kafka, topic, partitions=2)
+    name = f"bench-latency-{uuid.uuid4().hex[:6]}"
+    store = CountStore(redis_client(settings), name)
+    jobs, _ = run_count_job(settings, name, topic, False, overrides)
+    rng = random.Random(2)
+    out = producer(settings.kafka)
+    sent_at: list[float] = []
+    samples: list[float] = []
+    started = time.perf_counter()
+    next_probe = started
+    try:
+        while (now := time.perf_counter()) - started < seconds:
+            due = int((now - started) * rate) - len(sent_at)
+            stamp = int(time.time() * 1000)
+            for _ in range(max(0, due)):
+                out.produce(topic, value=event(rng, len(sent_at), keys, stamp))
+                sent_at.append(time.perf_counter())
+            out.poll(0)
+            if now >= next_probe:
+                done = processed(store)
+                if done:
+                    samples.append(time.perf_counter() - sent_at[min(done, len(sent_at)) - 1])
+                next_probe = now + 0.1
+            time.sleep(0.001)
+    finally:
+        out.flush(30)
+        jobs.stop(name)
+    # The first seconds include the job's start-up backlog; keep the steady part.
+    return samples[len(samples) // 5 :]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(
+    settings: Settings,
+    *,
+    events: int,
+    keys: int,
+    latency_rate: int,
+    latency_seconds: float,
+    out_dir: Path,
+    overrides: dict[str, Any],
+) -> CountBenchResult:
+    topic = f"bench.count.{uuid.uuid4().hex[:6]}"
+    create_topic(settings.kafka, topic, partitions=2)
+    result = CountBenchResult(
+        events=events, keys=keys, event_bytes=len(event(random.Random(0), 0, keys, 0))
+    )
+    result.machine = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    result.produce_rate = produce_backlog(settings, topic, events, keys)
+    result.ceiling_consumer_rate = ceiling_consumer(settings, topic, events)
+    result.ceiling_spark_rate = ceiling_spark(settings, topic)
+    result.throughput_rate, result.throughput_seconds = measure_throughput(
+        settings, topic, events, overrides
+    )
+    samples = measure_latency(settings, latency_rate, latency_seconds, keys, overrides)
+    result.latency_rate, result.latency_seconds = latency_rate, latency_seconds
+    result.latency_samples = len(samples)
+    result.latency_p50_s = percentile(samples, 0.5)
+    result.latency_p99_s = percentile(samples, 0.99)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    if samples:
+        (out_dir / "latency.txt").write_text("".join(f"{s:.4f}\n" for s in samples))
+    return result

@@ -160,7 +160,14 @@ def cli(kafka: Settings) -> RunCli:
     return run
 
 
-def start_clean_job(cli: RunCli, job: str, source: str, dest: str, *global_args: str) -> Result:
+def start_clean_job(
+    cli: RunCli,
+    job: str,
+    source: str,
+    dest: str,
+    *params: str,
+    global_args: tuple[str, ...] = (),
+) -> Result:
     """`kappaflow jobs start` of the clean pipeline from ``source`` to ``dest``."""
     return cli(
         *global_args,
@@ -173,17 +180,5 @@ def start_clean_job(cli: RunCli, job: str, source: str, dest: str, *global_args:
         f"source={source}",
         "-P",
         f"dest={dest}",
+        *params,
     )
-
-
-@pytest.fixture(scope="session")
-def serving(kafka: Settings) -> Iterator[Settings]:
-    """Settings whose Redis (the serving store) is running, as well as Kafka."""
-    from kappaflow.serving.redis_server import EmbeddedRedis
-
-    store = EmbeddedRedis(kafka)
-    store.start()
-    try:
-        yield kafka
-    finally:
-        store.stop()

@@ -154,19 +154,7 @@ def test_clean_job_in_real_time_mode(
 ) -> None:
     """Stateless pipelines run in Spark 4.3's real-time mode: long-running tasks, no batches."""
     source, dest, job = new_topic(), f"{topic_name}-rt", f"rt-{topic_name}"
-    started = cli(
-        "jobs",
-        "start",
-        job,
-        "--pipeline",
-        "clean",
-        "-P",
-        f"source={source}",
-        "-P",
-        f"dest={dest}",
-        "-P",
-        "trigger=realtime",
-    )
+    started = start_clean_job(cli, job, source, dest, "-P", "trigger=realtime")
     assert started.code == 0, started.err
     producer = Producer(kafka.kafka.client_config())
     for n in range(5):

@@ -116,7 +116,7 @@ def test_clean_job_on_a_standalone_cluster(
         producer.produce(source, value=json.dumps({"n": n}).encode())
     assert producer.flush(30) == 0
 
-    started = start_clean_job(cli, job, source, dest, "--spark-master", url)
+    started = start_clean_job(cli, job, source, dest, global_args=("--spark-master", url))
     assert started.code == 0, started.err
     apps = _master_state(status_url)["activeapps"]
     assert f"kappaflow:{job}" in [app["name"] for app in apps]

@@ -40,20 +40,13 @@ LATE, DEAD, STATS, CLOSED = "late", "dlq", "stats", "closed"
 CHANGE_KINDS = (PROVISIONAL, FINAL, CORRECTION)
 
 
+#: The BIGINT columns: 0 where a kind of row has no value for them.
+_LONGS = [c for c in COLUMNS if f"{c} BIGINT" in OUTPUT_SCHEMA]
+
+
 def _row(**values: Any) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
-    for column in (
-        "count",
-        "previous",
-        "version",
-        "watermark",
-        "counted",
-        "duplicates",
-        "src_offset",
-        "window_start",
-        "window_end",
-    ):
-        row[column] = 0
+    row.update(dict.fromkeys(_LONGS, 0))
     row["src_partition"] = -1
     row.update(values)
     return row
@@ -61,17 +54,7 @@ def _row(**values: Any) -> dict[str, Any]:
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    for column in (
-        "window_start",
-        "window_end",
-        "count",
-        "previous",
-        "version",
-        "watermark",
-        "counted",
-        "duplicates",
-        "src_offset",
-    ):
+    for column in _LONGS:
         frame[column] = frame[column].astype("int64")
     frame["src_partition"] = frame["src_partition"].astype("int32")
     return frame

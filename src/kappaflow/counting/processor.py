@@ -121,13 +121,17 @@ class WindowCounter(StatefulProcessor):
             )
         ]
         if len(counted):
-            count, version, final = self.window.get() or (0, 0, False)
+            state = self.window.get()
+            count, version, final = state or (0, 0, False)
             behind = end <= watermark
             kind = CORRECTION if final or behind else PROVISIONAL
             self.window.update((count + len(counted), version + 1, final or behind))
-            if not (final or behind):
-                self.handle.registerTimer(end)
-            self.handle.registerTimer(end + self.lateness_ms)
+            if state is None:
+                # A new window: its timers, once (re-registering one only logs a warning).
+                if not behind:
+                    self.handle.registerTimer(end)
+                if self.lateness_ms or behind:
+                    self.handle.registerTimer(end + self.lateness_ms)
             rows_out.append(
                 _row(
                     kind=kind,

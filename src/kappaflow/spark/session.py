@@ -27,6 +27,10 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
 logger.kafka.name = org.apache.kafka
 logger.kafka.level = error
+# transformWithState logs a warning for every read of a state variable that is not set
+# yet, which is how every new window starts.
+logger.tws.name = org.apache.spark.sql.execution.python.streaming
+logger.tws.level = error
 """
 
 

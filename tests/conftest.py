@@ -182,3 +182,16 @@ def start_clean_job(
         f"dest={dest}",
         *params,
     )
+
+
+@pytest.fixture(scope="session")
+def serving(kafka: Settings) -> Iterator[Settings]:
+    """Settings whose Redis (the serving store) is running, as well as Kafka."""
+    from kappaflow.serving.redis_server import EmbeddedRedis
+
+    store = EmbeddedRedis(kafka)
+    store.start()
+    try:
+        yield kafka
+    finally:
+        store.stop()

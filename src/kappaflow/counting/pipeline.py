@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.counting.events import assign_windows, parse_events
-from kappaflow.counting.processor import COLUMNS, DEAD, OUTPUT_SCHEMA, WindowCounter
+from kappaflow.counting.processor import COLUMNS, DEAD, OUTPUT_SCHEMA, SHARDS, WindowCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
@@ -64,7 +64,8 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
         .withWatermark("_event_time", f"{spec.watermark_ms} milliseconds")
         .drop("_event_time")
     )
-    counted = windows.groupBy("key", "window_start").transformWithStateInPandas(
+    sharded = windows.withColumn("shard", F.pmod(F.xxhash64("key"), F.lit(SHARDS)))
+    counted = sharded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=WindowCounter(
             spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
         ),

@@ -1,11 +1,16 @@
-"""The counting state machine, one instance per (key, window), in Spark's state store.
+"""The counting state machine, in Spark's state store, vectorised per window and shard.
 
-For each window it keeps the count, a version that orders its changes, and whether it is
-final; with ``--id`` also the ids it has counted. Per micro-batch it turns the window's
-new events into one change (provisional before the watermark passes the window's end, a
-correction after), and timers turn the watermark passing the end into a ``final`` change
-and, ``allowed_lateness`` later, into forgetting the window. Events for a window already
-forgotten are too late: they come out as ``late`` rows, never silently dropped.
+State is kept per (window, shard): the keys are spread over ``SHARDS`` shards by hash, and
+one state value holds, for all keys of a shard in a window, the count and the version
+that orders its changes (an Arrow table), the ids already counted (with ``--id``), and
+whether the window is final. A micro-batch costs one read and one write of that value per
+(window, shard), whatever the number of keys; the work per event is vectorised pandas.
+
+Per micro-batch a window's new events become one change per key: provisional before the
+watermark passes the window's end, a correction after. Timers turn the watermark passing
+the end into a ``final`` change for every key, and ``allowed_lateness`` later into
+forgetting the window. Events for a window already forgotten are too late: they come out
+as ``late`` rows, never silently dropped.
 
 The watermark Spark gives the timers is the largest event time seen minus ``--watermark``.
 Spark would also drop input rows behind it before they reach this operator; the pipeline
@@ -17,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -27,6 +34,9 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from kappaflow.timeutil import from_epoch_ms, iso
 
+#: Keys of a window are spread over this many state values (and parallel tasks).
+SHARDS = 16
+
 #: One schema for everything the operator emits, and for dead letters unioned after it.
 OUTPUT_SCHEMA = (
     "kind STRING, key STRING, window_start BIGINT, window_end BIGINT, count BIGINT, "
@@ -34,30 +44,57 @@ OUTPUT_SCHEMA = (
     "reason STRING, value BINARY, src_topic STRING, src_partition INT, src_offset BIGINT"
 )
 COLUMNS = [part.split()[0] for part in OUTPUT_SCHEMA.split(", ")]
+STATE_SCHEMA = "counts BINARY, ids BINARY, final BOOLEAN"
 
 PROVISIONAL, FINAL, CORRECTION = "provisional", "final", "correction"
 LATE, DEAD, STATS, CLOSED = "late", "dlq", "stats", "closed"
 CHANGE_KINDS = (PROVISIONAL, FINAL, CORRECTION)
 
-
 #: The BIGINT columns: 0 where a kind of row has no value for them.
 _LONGS = [c for c in COLUMNS if f"{c} BIGINT" in OUTPUT_SCHEMA]
 
 
-def _row(**values: Any) -> dict[str, Any]:
-    row: dict[str, Any] = dict.fromkeys(COLUMNS)
-    row.update(dict.fromkeys(_LONGS, 0))
-    row["src_partition"] = -1
-    row.update(values)
-    return row
-
-
-def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+def _frame(n: int, **columns: Any) -> pd.DataFrame:
+    """``n`` output rows; columns not given are 0 (numbers), -1 (partition) or null."""
+    data: dict[str, Any] = {}
+    for column in COLUMNS:
+        if column in columns:
+            data[column] = columns[column]
+        elif column in _LONGS:
+            data[column] = np.zeros(n, dtype="int64")
+        elif column == "src_partition":
+            data[column] = np.full(n, -1, dtype="int32")
+        else:
+            data[column] = [None] * n
+    frame = pd.DataFrame(data, columns=COLUMNS)
     for column in _LONGS:
         frame[column] = frame[column].astype("int64")
     frame["src_partition"] = frame["src_partition"].astype("int32")
     return frame
+
+
+def encode_counts(counts: pd.DataFrame) -> bytes:
+    """A shard's table (index key; columns count, version) as Arrow IPC bytes."""
+    table = pa.Table.from_pandas(counts.reset_index(), preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def decode_counts(blob: bytes | None) -> pd.DataFrame:
+    if not blob:
+        return pd.DataFrame(
+            {"count": pd.Series(dtype="int64"), "version": pd.Series(dtype="int64")},
+            index=pd.Index([], name="key", dtype="object"),
+        )
+    table = pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+    frame: pd.DataFrame = table.to_pandas().set_index("key")
+    return frame
+
+
+def _id_hashes(ids: pd.Series) -> np.ndarray:
+    return pd.util.hash_pandas_object(ids.astype(str), index=False).to_numpy().view("int64")
 
 
 class WindowCounter(StatefulProcessor):
@@ -68,8 +105,7 @@ class WindowCounter(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.window = handle.getValueState("window", "count BIGINT, version BIGINT, final BOOLEAN")
-        self.ids = handle.getListState("ids", "id STRING")
+        self.state = handle.getValueState("window", STATE_SCHEMA)
 
     # The pandas flavour of the API: rows arrive as DataFrames, not Rows.
     def handleInputRows(  # type: ignore[override]
@@ -77,119 +113,151 @@ class WindowCounter(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
         events = pd.concat(list(rows), ignore_index=True)
-        name, start = str(key[0]), int(key[1])
+        start = int(key[0])
         end = start + self.size_ms
-        primary = events["primary"].astype(bool)
+        primary = events["primary"].to_numpy(dtype=bool)
         if end + self.lateness_ms <= watermark:
-            # Forgotten already (or never seen before it became too late): report each
-            # event once, through its newest window, with the watermark that made it late.
-            late = events[primary]
-            reason = (
-                f"too late: window {iso(from_epoch_ms(start))}/{iso(from_epoch_ms(end))} "
-                f"stopped taking corrections {self.lateness_ms} ms after the watermark "
-                f"passed its end (watermark {iso(from_epoch_ms(watermark))})"
-            )
-            yield _frame(
-                [
-                    _row(
-                        kind=LATE,
-                        key=name,
-                        window_start=start,
-                        window_end=end,
-                        watermark=watermark,
-                        reason=reason,
-                        value=r.value,
-                        src_topic=r.src_topic,
-                        src_partition=int(str(r.src_partition)),
-                        src_offset=int(str(r.src_offset)),
-                    )
-                    for r in late.itertuples(index=False)
-                ]
-            )
+            yield self._late(events[primary], start, end, watermark)
             return
-        fresh = self._fresh(events) if self.dedup else pd.Series(True, index=events.index)
+        stored = self.state.get()
+        counts = decode_counts(stored[0] if stored else None)
+        seen = np.frombuffer(stored[1], dtype="int64") if stored and stored[1] else None
+        final = bool(stored[2]) if stored else False
+        fresh = np.ones(len(events), dtype=bool)
+        if self.dedup:
+            fresh, seen = self._fresh(events, seen)
         counted = events[fresh]
-        rows_out = [
-            _row(
-                kind=STATS,
-                key=name,
-                window_start=start,
-                window_end=end,
-                counted=int((fresh & primary).sum()),
-                duplicates=int((~fresh & primary).sum()),
-                watermark=watermark,
-            )
-        ]
-        if len(counted):
-            state = self.window.get()
-            count, version, final = state or (0, 0, False)
-            behind = end <= watermark
-            kind = CORRECTION if final or behind else PROVISIONAL
-            self.window.update((count + len(counted), version + 1, final or behind))
-            if state is None:
-                # A new window: its timers, once (re-registering one only logs a warning).
-                if not behind:
-                    self.handle.registerTimer(end)
-                if self.lateness_ms or behind:
-                    self.handle.registerTimer(end + self.lateness_ms)
-            rows_out.append(
-                _row(
-                    kind=kind,
-                    key=name,
-                    window_start=start,
-                    window_end=end,
-                    count=count + len(counted),
-                    previous=count,
-                    version=version + 1,
-                    watermark=watermark,
-                )
-            )
-        yield _frame(rows_out)
+        stats = _frame(
+            1,
+            kind=[STATS],
+            window_start=[start],
+            window_end=[end],
+            counted=[int((fresh & primary).sum())],
+            duplicates=[int((~fresh & primary).sum())],
+            watermark=[watermark],
+        )
+        behind = end <= watermark
+        if stored is None:
+            # A new window: its timers, once (re-registering one only logs a warning).
+            if not behind:
+                self.handle.registerTimer(end)
+            if self.lateness_ms or behind:
+                self.handle.registerTimer(end + self.lateness_ms)
+        if len(counted) == 0:
+            if stored is None and seen is not None:
+                self.state.update((encode_counts(counts), seen.tobytes(), final or behind))
+            yield stats
+            return
+        added = counted.groupby("key").size()
+        before = counts.reindex(added.index)
+        previous = before["count"].fillna(0).astype("int64")
+        version = before["version"].fillna(0).astype("int64") + 1
+        now = previous + added.astype("int64")
+        counts = pd.concat(
+            [
+                counts.drop(added.index, errors="ignore"),
+                pd.DataFrame({"count": now, "version": version}),
+            ]
+        )
+        counts.index.name = "key"
+        self.state.update(
+            (encode_counts(counts), seen.tobytes() if seen is not None else b"", final or behind)
+        )
+        kind = CORRECTION if final or behind else PROVISIONAL
+        n = len(added)
+        changes = _frame(
+            n,
+            kind=[kind] * n,
+            key=list(added.index),
+            window_start=np.full(n, start),
+            window_end=np.full(n, end),
+            count=now.to_numpy(),
+            previous=previous.to_numpy(),
+            version=version.to_numpy(),
+            watermark=np.full(n, watermark),
+        )
+        yield pd.concat([stats, changes], ignore_index=True)
 
-    def _fresh(self, events: pd.DataFrame) -> pd.Series:
-        """Events not seen before in this window (by id); events without an id count."""
-        has_id = events["id"].notna()
-        seen = {row[0] for row in self.ids.get()} if self.ids.exists() else set()
-        first = ~events.duplicated("id") & ~events["id"].isin(seen)
-        fresh = first | ~has_id
-        new_ids = events.loc[fresh & has_id, "id"].tolist()
-        if new_ids:
-            self.ids.appendList([(str(i),) for i in new_ids])
-        return fresh
+    def _fresh(
+        self, events: pd.DataFrame, seen: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Events not counted before in this window (by id hash); events without id count."""
+        has_id = events["id"].notna().to_numpy()
+        hashes = np.zeros(len(events), dtype="int64")
+        if has_id.any():
+            hashes[has_id] = _id_hashes(events.loc[has_id, "id"])
+        known = seen if seen is not None else np.zeros(0, dtype="int64")
+        repeat = pd.Series(hashes).duplicated().to_numpy() & has_id
+        fresh = ~has_id | (~repeat & ~np.isin(hashes, known))
+        return fresh, np.union1d(known, hashes[fresh & has_id])
+
+    def _late(self, late: pd.DataFrame, start: int, end: int, watermark: int) -> pd.DataFrame:
+        """Each too-late event once, through its newest window, with the watermark."""
+        reason = (
+            f"too late: window {iso(from_epoch_ms(start))}/{iso(from_epoch_ms(end))} "
+            f"stopped taking corrections {self.lateness_ms} ms after the watermark "
+            f"passed its end (watermark {iso(from_epoch_ms(watermark))})"
+        )
+        n = len(late)
+        return _frame(
+            n,
+            kind=[LATE] * n,
+            key=late["key"].tolist(),
+            window_start=np.full(n, start),
+            window_end=np.full(n, end),
+            watermark=np.full(n, watermark),
+            reason=[reason] * n,
+            value=late["value"].tolist(),
+            src_topic=late["src_topic"].tolist(),
+            src_partition=late["src_partition"].to_numpy(),
+            src_offset=late["src_offset"].to_numpy(),
+        )
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        name, start = str(key[0]), int(key[1])
+        start = int(key[0])
         end = start + self.size_ms
         expiry = expiredTimerInfo.getExpiryTimeInMs()
         watermark = timerValues.getCurrentWatermarkInMs()
-        rows: list[dict[str, Any]] = []
-        state = self.window.get() if self.window.exists() else None
-        if state is not None and expiry == end and not state[2]:
-            count, version, _ = state
-            self.window.update((count, version + 1, True))
-            rows.append(
-                _row(
-                    kind=FINAL,
-                    key=name,
-                    window_start=start,
-                    window_end=end,
-                    count=count,
-                    previous=count,
-                    version=version + 1,
-                    watermark=watermark,
+        stored = self.state.get()
+        if stored is None:
+            return
+        counts = decode_counts(stored[0])
+        n = len(counts)
+        frames: list[pd.DataFrame] = []
+        if expiry == end and not stored[2]:
+            version = counts["version"] + 1
+            counts = counts.assign(version=version)
+            self.state.update((encode_counts(counts), stored[1], True))
+            frames.append(
+                _frame(
+                    n,
+                    kind=[FINAL] * n,
+                    key=list(counts.index),
+                    window_start=np.full(n, start),
+                    window_end=np.full(n, end),
+                    count=counts["count"].to_numpy(),
+                    previous=counts["count"].to_numpy(),
+                    version=version.to_numpy(),
+                    watermark=np.full(n, watermark),
                 )
             )
         if expiry == end + self.lateness_ms:
             # No correction can come any more: forget the window and its ids.
-            self.window.clear()
-            self.ids.clear()
-            rows.append(
-                _row(kind=CLOSED, key=name, window_start=start, window_end=end, watermark=watermark)
+            self.state.clear()
+            frames.append(
+                _frame(
+                    n,
+                    kind=[CLOSED] * n,
+                    key=list(counts.index),
+                    window_start=np.full(n, start),
+                    window_end=np.full(n, end),
+                    watermark=np.full(n, watermark),
+                )
             )
-        if rows:
-            yield _frame(rows)
+        if frames:
+            yield pd.concat(frames, ignore_index=True)
 
     def close(self) -> None:
         pass

@@ -6,6 +6,7 @@ the job's checkpoint holds for its last committed batch, without disturbing the 
 
 from __future__ import annotations
 
+from kappaflow.counting.processor import decode_counts
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
 from kappaflow.errors import JobError
@@ -21,22 +22,27 @@ def read_state(settings: Settings, job: str) -> list[WindowCount]:
     checkpoint = (settings.checkpoint_root / job / "count").resolve()
     if not (checkpoint / "commits").exists():
         raise JobError(f"job {job!r} has no committed state yet in {checkpoint}")
-    spark = build_session(settings.model_copy(update={}), app_name=f"kappaflow:state:{job}")
+    spark = build_session(settings, app_name=f"kappaflow:state:{job}")
     frame = (
         spark.read.format("statestore")
         .option("path", str(checkpoint))
         .option("stateVarName", "window")
         .load()
     )
-    windows = [
-        WindowCount(
-            key=str(row["key"]["key"]),
-            window_start=int(row["key"]["window_start"]),
-            window_end=int(row["key"]["window_start"]) + spec.size_ms,
-            count=int(row["value"]["count"]),
-            version=int(row["value"]["version"]),
-            final=bool(row["value"]["final"]),
+    windows: list[WindowCount] = []
+    for row in frame.collect():
+        start = int(row["key"]["window_start"])
+        counts = decode_counts(row["value"]["counts"])
+        final = bool(row["value"]["final"])
+        windows.extend(
+            WindowCount(
+                str(name),
+                start,
+                start + spec.size_ms,
+                int(values["count"]),
+                int(values["version"]),
+                final,
+            )
+            for name, values in counts.iterrows()
         )
-        for row in frame.collect()
-    ]
     return sorted(windows, key=lambda w: (w.key, w.window_start))

@@ -106,14 +106,22 @@ def assign_windows(events: DataFrame, spec: CountSpec) -> DataFrame:
     """One row per (event, window it falls in); ``primary`` marks the newest window.
 
     Tumbling windows give one row per event; sliding windows give size/slide rows.
+    Records that cannot be counted keep one row, with window -1.
     """
     size, step = spec.size_ms, spec.step_ms
+    countable = F.col("reason").isNull()
     newest = F.floor(F.col("ts") / step) * step
-    offsets = F.sequence(F.lit(0), F.lit(size // step - 1))
+    offsets = F.when(countable, F.sequence(F.lit(0), F.lit(size // step - 1))).otherwise(
+        F.array(F.lit(0))
+    )
+    start = F.when(countable, newest - F.col("_back") * step).otherwise(F.lit(-1))
     return (
         events.withColumn("_back", F.explode(offsets))
-        .withColumn("window_start", (newest - F.col("_back") * step).cast("long"))
-        .withColumn("window_end", F.col("window_start") + size)
+        .withColumn("window_start", start.cast("long"))
+        .withColumn(
+            "window_end",
+            F.when(countable, F.col("window_start") + size).otherwise(F.lit(-1)).cast("long"),
+        )
         .withColumn("primary", F.col("_back") == 0)
         .drop("_back")
     )

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.counting.events import assign_windows, parse_events
-from kappaflow.counting.processor import COLUMNS, DEAD, OUTPUT_SCHEMA, SHARDS, WindowCounter
+from kappaflow.counting.processor import OUTPUT_SCHEMA, SHARDS, WindowCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
@@ -56,16 +56,37 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
 
 
 def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
-    """Everything the batch writer gets: changes, statistics, late and dead records."""
-    events = parse_events(raw, spec)
+    """Everything the batch writer gets: changes, statistics, late and dead records.
+
+    One pass over the source: records that cannot be counted travel through the stateful
+    operator too, in a group of their own (window -1), which passes them on as dead
+    letters. Only those carry their original bytes; a late event's bytes are fetched
+    from the source by the batch writer, so the bulk of events cross to Python small.
+    """
     windows = (
-        assign_windows(events.where(F.col("reason").isNull()), spec)
+        assign_windows(parse_events(raw, spec), spec)
         .withColumn("_event_time", F.timestamp_millis(F.col("ts")))
         .withWatermark("_event_time", f"{spec.watermark_ms} milliseconds")
         .drop("_event_time")
     )
-    sharded = windows.withColumn("shard", F.pmod(F.xxhash64("key"), F.lit(SHARDS)))
-    counted = sharded.groupBy("window_start", "shard").transformWithStateInPandas(
+    countable = F.col("reason").isNull()
+    sharded = windows.select(
+        "window_start",
+        "window_end",
+        "primary",
+        "key",
+        "ts",
+        "id",
+        "reason",
+        F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
+        "src_topic",
+        "src_partition",
+        "src_offset",
+        F.when(countable, F.pmod(F.xxhash64("key"), F.lit(SHARDS)))
+        .otherwise(F.lit(-1))
+        .alias("shard"),
+    )
+    return sharded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=WindowCounter(
             spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
         ),
@@ -73,17 +94,3 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
         outputMode="Update",
         timeMode="EventTime",
     )
-    types = dict(field.split() for field in OUTPUT_SCHEMA.split(", "))
-    dead = events.where(F.col("reason").isNotNull()).select(
-        *[
-            F.lit(DEAD).alias(c)
-            if c == "kind"
-            else F.col(c).cast(types[c]).alias(c)
-            if c in ("reason", "value", "src_topic", "src_partition", "src_offset")
-            else F.lit(-1 if c == "src_partition" else 0).cast(types[c]).alias(c)
-            if types[c] in ("BIGINT", "INT")
-            else F.lit(None).cast(types[c]).alias(c)
-            for c in COLUMNS
-        ]
-    )
-    return counted.unionByName(dead)

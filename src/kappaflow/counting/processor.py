@@ -36,6 +36,8 @@ from kappaflow.timeutil import from_epoch_ms, iso
 
 #: Keys of a window are spread over this many state values (and parallel tasks).
 SHARDS = 16
+#: The group (window -1) of records that cannot be counted: they pass as dead letters.
+DEAD_WINDOW = -1
 
 #: One schema for everything the operator emits, and for dead letters unioned after it.
 OUTPUT_SCHEMA = (
@@ -114,6 +116,9 @@ class WindowCounter(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         events = pd.concat(list(rows), ignore_index=True)
         start = int(key[0])
+        if start == DEAD_WINDOW:
+            yield self._dead(events)
+            return
         end = start + self.size_ms
         primary = events["primary"].to_numpy(dtype=bool)
         if end + self.lateness_ms <= watermark:
@@ -190,6 +195,19 @@ class WindowCounter(StatefulProcessor):
         repeat = pd.Series(hashes).duplicated().to_numpy() & has_id
         fresh = ~has_id | (~repeat & ~np.isin(hashes, known))
         return fresh, np.union1d(known, hashes[fresh & has_id])
+
+    @staticmethod
+    def _dead(events: pd.DataFrame) -> pd.DataFrame:
+        n = len(events)
+        return _frame(
+            n,
+            kind=[DEAD] * n,
+            reason=events["reason"].tolist(),
+            value=events["value"].tolist(),
+            src_topic=events["src_topic"].tolist(),
+            src_partition=events["src_partition"].to_numpy(),
+            src_offset=events["src_offset"].to_numpy(),
+        )
 
     def _late(self, late: pd.DataFrame, start: int, end: int, watermark: int) -> pd.DataFrame:
         """Each too-late event once, through its newest window, with the watermark."""

@@ -113,8 +113,13 @@ class BatchWriter:
                 self._send(
                     self.topics["counts"], json.dumps([r.key, r.window_start]), _change(r, batch_id)
                 )
+            originals = self._originals(late)
             for r in late:
-                self._send(self.topics["late"], r.key, _late(r))
+                self._send(
+                    self.topics["late"],
+                    r.key,
+                    _late(r, originals.get((r.src_topic, r.src_partition, r.src_offset))),
+                )
             for r in dead:
                 self._send(self.topics["dlq"], None, _dead(r))
             self._send(self.topics["commits"], "batch", {"batch_id": batch_id, **stats})
@@ -134,6 +139,23 @@ class BatchWriter:
                 return
             except BufferError:
                 self.producer.poll(0.2)
+
+    def _originals(self, rows: list[Row]) -> dict[tuple[str, int, int], bytes]:
+        """The original bytes of (rare) late events, read back from the source topic."""
+        wanted = {(r.src_topic, r.src_partition, r.src_offset) for r in rows}
+        found: dict[tuple[str, int, int], bytes] = {}
+        if not wanted:
+            return found
+        reader = consumer(self.settings.kafka, **{"enable.partition.eof": False})
+        try:
+            for topic, partition, offset in sorted(wanted):
+                reader.assign([TopicPartition(topic, partition, offset)])
+                message = reader.poll(self.settings.kafka.timeout_s)
+                if message is not None and message.error() is None:
+                    found[(topic, partition, offset)] = message.value() or b""
+        finally:
+            reader.close()
+        return found
 
     def _last_committed_batch(self) -> int:
         """The highest batch id whose transaction committed (-1 if none)."""
@@ -173,14 +195,14 @@ def _change(r: Row, batch_id: int) -> dict[str, Any]:
     }
 
 
-def _late(r: Row) -> dict[str, Any]:
+def _late(r: Row, original: bytes | None) -> dict[str, Any]:
     return {
         "reason": r.reason,
         "watermark": iso(from_epoch_ms(r.watermark)),
         "key": r.key,
         "window_start": iso(from_epoch_ms(r.window_start)),
         "window_end": iso(from_epoch_ms(r.window_end)),
-        "event": bytes(r.value).decode("utf-8", errors="replace") if r.value else None,
+        "event": original.decode("utf-8", errors="replace") if original is not None else None,
         "source_topic": r.src_topic,
         "source_partition": r.src_partition,
         "source_offset": r.src_offset,

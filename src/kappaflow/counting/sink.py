@@ -103,9 +103,12 @@ class BatchWriter:
             self.last_committed = batch_id
         _maybe_crash("after-kafka", batch_id)
         # Where a batch's time goes, for tuning (the job's driver.log).
-        print(f"batch {batch_id}: {len(rows)} rows; compute+collect "
-              f"{collected - began:.2f}s, redis {stored - collected:.2f}s, "
-              f"kafka {time.perf_counter() - stored:.2f}s", flush=True)
+        print(
+            f"batch {batch_id}: {len(rows)} rows; compute+collect "
+            f"{collected - began:.2f}s, redis {stored - collected:.2f}s, "
+            f"kafka {time.perf_counter() - stored:.2f}s",
+            flush=True,
+        )
 
     def _publish(
         self,

@@ -158,6 +158,8 @@ def test_event_time_corrections_late_events_and_dead_letters(
     )
     status = json.loads(cli("count", "status", job_name).out)
     assert status["events_read"] == 35
+    assert status["watermark"] == "2026-11-21T22:26:53.000Z"  # BASE+58s (newest) - 5s
+    assert status["state"] == "running" and status["lag"] == 0
     assert (
         status["counted"],
         status["duplicates_dropped"],

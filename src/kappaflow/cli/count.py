@@ -14,6 +14,7 @@ from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
 from kappaflow.serving.client import redis_client
 from kappaflow.spark.jobs import JobManager
+from kappaflow.timeutil import from_epoch_ms, iso
 
 PIPELINE = "count"
 
@@ -126,7 +127,7 @@ def status(ctx: Context, name: str) -> None:
             "duplicates_dropped": dups,
             "late": late,
             "dead_letters": dead,
-            "watermark": (progress.get("eventTime") or {}).get("watermark"),
+            "watermark": _watermark(progress, stats),
             "open_windows": stats.get("open_windows", 0),
             "state_rows": sum(int(op.get("numRowsTotal", 0)) for op in operators),
             "state_bytes": sum(int(op.get("memoryUsedBytes", 0)) for op in operators),
@@ -139,6 +140,15 @@ def status(ctx: Context, name: str) -> None:
             "lag": _lag(ctx, progress),
         }
     )
+
+
+def _watermark(progress: dict[str, Any], stats: dict[str, int]) -> str | None:
+    """The job's watermark: from its last progress, else the highest the store has seen."""
+    from_progress = (progress.get("eventTime") or {}).get("watermark")
+    if from_progress and not str(from_progress).startswith("1970"):
+        return str(from_progress)
+    millis = stats.get("watermark", 0)
+    return iso(from_epoch_ms(millis)) if millis > 0 else None
 
 
 def _lag(ctx: Context, progress: dict[str, Any]) -> int | None:

@@ -75,6 +75,22 @@ def _frame(n: int, **columns: Any) -> pd.DataFrame:
     return frame
 
 
+def _window_rows(
+    kind: str, keys: list[Any], start: int, end: int, watermark: int, **columns: Any
+) -> pd.DataFrame:
+    """Rows of one kind about ``keys`` of the window [start, end), at ``watermark``."""
+    n = len(keys)
+    return _frame(
+        n,
+        kind=[kind] * n,
+        key=keys,
+        window_start=np.full(n, start),
+        window_end=np.full(n, end),
+        watermark=np.full(n, watermark),
+        **columns,
+    )
+
+
 def encode_counts(counts: pd.DataFrame) -> bytes:
     """A shard's table (index key; columns count, version) as Arrow IPC bytes."""
     table = pa.Table.from_pandas(counts.reset_index(), preserve_index=False)
@@ -169,17 +185,15 @@ class WindowCounter(StatefulProcessor):
             (encode_counts(counts), seen.tobytes() if seen is not None else b"", final or behind)
         )
         kind = CORRECTION if final or behind else PROVISIONAL
-        n = len(added)
-        changes = _frame(
-            n,
-            kind=[kind] * n,
-            key=list(added.index),
-            window_start=np.full(n, start),
-            window_end=np.full(n, end),
+        changes = _window_rows(
+            kind,
+            list(added.index),
+            start,
+            end,
+            watermark,
             count=now.to_numpy(),
             previous=previous.to_numpy(),
             version=version.to_numpy(),
-            watermark=np.full(n, watermark),
         )
         yield pd.concat([stats, changes], ignore_index=True)
 
@@ -216,15 +230,13 @@ class WindowCounter(StatefulProcessor):
             f"stopped taking corrections {self.lateness_ms} ms after the watermark "
             f"passed its end (watermark {iso(from_epoch_ms(watermark))})"
         )
-        n = len(late)
-        return _frame(
-            n,
-            kind=[LATE] * n,
-            key=late["key"].tolist(),
-            window_start=np.full(n, start),
-            window_end=np.full(n, end),
-            watermark=np.full(n, watermark),
-            reason=[reason] * n,
+        return _window_rows(
+            LATE,
+            late["key"].tolist(),
+            start,
+            end,
+            watermark,
+            reason=[reason] * len(late),
             value=late["value"].tolist(),
             src_topic=late["src_topic"].tolist(),
             src_partition=late["src_partition"].to_numpy(),
@@ -242,38 +254,27 @@ class WindowCounter(StatefulProcessor):
         if stored is None:
             return
         counts = decode_counts(stored[0])
-        n = len(counts)
         frames: list[pd.DataFrame] = []
         if expiry == end and not stored[2]:
             version = counts["version"] + 1
             counts = counts.assign(version=version)
             self.state.update((encode_counts(counts), stored[1], True))
             frames.append(
-                _frame(
-                    n,
-                    kind=[FINAL] * n,
-                    key=list(counts.index),
-                    window_start=np.full(n, start),
-                    window_end=np.full(n, end),
+                _window_rows(
+                    FINAL,
+                    list(counts.index),
+                    start,
+                    end,
+                    watermark,
                     count=counts["count"].to_numpy(),
                     previous=counts["count"].to_numpy(),
                     version=version.to_numpy(),
-                    watermark=np.full(n, watermark),
                 )
             )
         if expiry == end + self.lateness_ms:
             # No correction can come any more: forget the window and its ids.
             self.state.clear()
-            frames.append(
-                _frame(
-                    n,
-                    kind=[CLOSED] * n,
-                    key=list(counts.index),
-                    window_start=np.full(n, start),
-                    window_end=np.full(n, end),
-                    watermark=np.full(n, watermark),
-                )
-            )
+            frames.append(_window_rows(CLOSED, list(counts.index), start, end, watermark))
         if frames:
             yield pd.concat(frames, ignore_index=True)
 

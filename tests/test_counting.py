@@ -102,7 +102,11 @@ def start(
 
 
 def wait_stats(settings: Settings, job: str, **wanted: int) -> dict[str, int]:
+    jobs = JobManager(settings)
+
     def reached() -> dict[str, int] | None:
+        if jobs.get_state(job) == "failed":
+            raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
         current = stats(settings, job)
         return current if all(current.get(k, 0) >= v for k, v in wanted.items()) else None
 

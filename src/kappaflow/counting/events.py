@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from kappaflow.counting.spec import CountSpec
 
@@ -25,74 +26,113 @@ def parse_events(raw: DataFrame, spec: CountSpec) -> DataFrame:
     """Kafka records (key, value, topic, partition, offset) → events with a verdict.
 
     Columns out: ``reason`` (null when countable), ``key``, ``ts`` (epoch ms), ``id``,
-    ``value`` (the original bytes), ``src_topic``, ``src_partition``, ``src_offset``.
+    ``value`` (the original bytes), ``src_partition``, ``src_offset``.
+
+    Two passes in one expression: ``from_json`` reads the fields as text, which settles
+    the common case (a string or integer key, integer or ISO time) cheaply. A record it
+    cannot settle (bad JSON, a missing field, a key that may be a boolean or an object, a
+    fractional time) is judged again from its variant form, which tells the exact reason;
+    Spark evaluates that branch only for those records.
     """
-    v = F.expr("try_parse_json(CAST(value AS STRING))")
+    fields = dict.fromkeys([spec.key_field, spec.time_field, spec.id_field or spec.key_field])
+    text = StructType([StructField(name, StringType()) for name in fields])
     parsed = raw.select(
         F.col("value"),
-        F.col("topic").alias("src_topic"),
         F.col("partition").alias("src_partition"),
         F.col("offset").alias("src_offset"),
-        v.alias("v"),
+        F.from_json(F.col("value").cast("string"), text).alias("j"),
     )
-    key_type = F.expr(f"schema_of_variant(variant_get(v, '{_path(spec.key_field)}'))")
-    time_type = F.expr(f"schema_of_variant(variant_get(v, '{_path(spec.time_field)}'))")
-    time_num = F.expr(f"try_variant_get(v, '{_path(spec.time_field)}', 'bigint')")
-    time_str = F.expr(f"try_variant_get(v, '{_path(spec.time_field)}', 'string')")
-    time_iso = F.unix_millis(F.expr("try_to_timestamp(_t_str)"))
-    with_parts = parsed.select(
-        "*",
-        F.expr(f"try_variant_get(v, '{_path(spec.key_field)}', 'string')").alias("_key"),
-        key_type.alias("_key_type"),
-        time_type.alias("_t_type"),
-        time_num.alias("_t_num"),
-        time_str.alias("_t_str"),
+    key_text = F.col("j").getField(spec.key_field)
+    time_text = F.col("j").getField(spec.time_field)
+    fast_ts = F.when(time_text.rlike(r"^\d{1,18}$"), time_text.cast("bigint")).when(
+        time_text.rlike(_ZONE), F.unix_millis(F.expr("try_to_timestamp(_fast_t)"))
     )
-    ts = (
-        F.when(F.col("_t_type").rlike(_NUMBER), F.col("_t_num"))
-        .when((F.col("_t_type") == "STRING") & F.col("_t_str").rlike(r"^\d+$"), F.col("_t_num"))
-        .when((F.col("_t_type") == "STRING") & F.col("_t_str").rlike(_ZONE), time_iso)
+    staged = parsed.select("*", key_text.alias("_fast_key"), time_text.alias("_fast_t")).select(
+        "*", fast_ts.alias("_fast_ts")
     )
-    reason = _reason(spec, ts)
+    settled = (
+        F.col("_fast_key").isNotNull()
+        & ~F.coalesce(
+            F.col("_fast_key").isin("true", "false")
+            | F.col("_fast_key").startswith("{")
+            | F.col("_fast_key").startswith("["),
+            F.lit(False),
+        )
+        & F.col("_fast_ts").isNotNull()
+    )
+    reason, key, ts = _judged(spec)
     event_id: Column = (
-        F.expr(f"try_variant_get(v, '{_path(spec.id_field)}', 'string')")
-        if spec.id_field
-        else F.lit(None).cast("string")
+        F.col("j").getField(spec.id_field) if spec.id_field else F.lit(None).cast("string")
     )
-    return with_parts.select(
-        reason.alias("reason"),
-        F.col("_key").alias("key"),
-        ts.alias("ts"),
+    return staged.select(
+        F.when(settled, F.lit(None).cast("string")).otherwise(reason).alias("reason"),
+        F.when(settled, F.col("_fast_key")).otherwise(key).alias("key"),
+        F.when(settled, F.col("_fast_ts")).otherwise(ts).alias("ts"),
         event_id.alias("id"),
         "value",
-        "src_topic",
         "src_partition",
         "src_offset",
     )
 
 
-def _reason(spec: CountSpec, ts: Column) -> Column:
+def _judged(spec: CountSpec) -> tuple[Column, Column, Column]:
+    """The variant-based verdict on ``value``: reason (null when countable), key, time.
+
+    Pure expressions of ``value``, with no intermediate columns, so that inside a
+    ``CASE WHEN`` Spark computes them only for the records that reach that branch.
+    """
+    v = "try_parse_json(CAST(value AS STRING))"
+
+    def get(field: str, as_type: str) -> Column:
+        return F.expr(f"try_variant_get({v}, '{_path(field)}', '{as_type}')")
+
+    def type_of(field: str) -> Column:
+        return F.expr(f"schema_of_variant(variant_get({v}, '{_path(field)}'))")
+
+    key_type, time_type = type_of(spec.key_field), type_of(spec.time_field)
+    time_num, time_str = get(spec.time_field, "bigint"), get(spec.time_field, "string")
+    ts = (
+        F.when(time_type.rlike(_NUMBER), time_num)
+        .when((time_type == "STRING") & time_str.rlike(r"^\d+$"), time_num)
+        .when(
+            (time_type == "STRING") & time_str.rlike(_ZONE),
+            F.unix_millis(F.try_to_timestamp(time_str)),
+        )
+    )
+    return (
+        _reason(spec, F.expr(v), key_type, time_type, time_str, ts),
+        get(spec.key_field, "string"),
+        ts,
+    )
+
+
+def _reason(
+    spec: CountSpec,
+    v: Column,
+    key_type: Column,
+    time_type: Column,
+    time_str: Column,
+    ts: Column,
+) -> Column:
     key, time = spec.key_field, spec.time_field
     return (
         F.when(F.col("value").isNull(), F.lit("empty record"))
-        .when(F.col("v").isNull(), F.lit("not valid JSON"))
-        .when(~F.expr("startswith(schema_of_variant(v), 'OBJECT')"), F.lit("not a JSON object"))
+        .when(v.isNull(), F.lit("not valid JSON"))
+        .when(~F.schema_of_variant(v).startswith("OBJECT"), F.lit("not a JSON object"))
         .when(
-            F.col("_key_type").isNull() | (F.col("_key_type") == "VOID"),
+            key_type.isNull() | (key_type == "VOID"),
             F.lit(f"missing key field {key!r}"),
         )
         .when(
-            ~(F.col("_key_type").rlike(_NUMBER) | (F.col("_key_type") == "STRING")),
+            ~(key_type.rlike(_NUMBER) | (key_type == "STRING")),
             F.lit(f"key field {key!r} is not a string or a number"),
         )
         .when(
-            F.col("_t_type").isNull() | (F.col("_t_type") == "VOID"),
+            time_type.isNull() | (time_type == "VOID"),
             F.lit(f"missing time field {time!r}"),
         )
         .when(
-            (F.col("_t_type") == "STRING")
-            & ~F.col("_t_str").rlike(r"^\d+$")
-            & ~F.col("_t_str").rlike(_ZONE),
+            (time_type == "STRING") & ~time_str.rlike(r"^\d+$") & ~time_str.rlike(_ZONE),
             F.lit(f"time field {time!r} is not epoch milliseconds or ISO-8601 with a zone"),
         )
         .when(

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.counting.events import assign_windows, parse_events
+from kappaflow.counting.preagg import FOLDED_SCHEMA, fold_batches
 from kappaflow.counting.processor import OUTPUT_SCHEMA, SHARDS, WindowCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
 from kappaflow.counting.spec import CountSpec
@@ -45,7 +46,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         output.writeStream.queryName(ctx.name)
         .outputMode("update")
         .option("checkpointLocation", str(ctx.checkpoint_dir / "count"))
-        .foreachBatch(BatchWriter(ctx.settings, ctx.name, store))
+        .foreachBatch(BatchWriter(ctx.settings, ctx.name, spec.source, store))
     )
     writer = (
         writer.trigger(availableNow=True)
@@ -58,10 +59,12 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
 def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
     """Everything the batch writer gets: changes, statistics, late and dead records.
 
-    One pass over the source: records that cannot be counted travel through the stateful
-    operator too, in a group of their own (window -1), which passes them on as dead
-    letters. Only those carry their original bytes; a late event's bytes are fetched
-    from the source by the batch writer, so the bulk of events cross to Python small.
+    One pass over the source. Events are parsed and windowed in Spark SQL, folded per
+    (window, key) in Arrow (preagg.py), then counted by the stateful operator per
+    (window, shard). Records that cannot be counted travel the same way in a group of
+    their own (window -1), which passes them on as dead letters. Only those carry their
+    original bytes; a late event's bytes are fetched from the source by the batch
+    writer, so the bulk of events cross to Python small.
     """
     windows = (
         assign_windows(parse_events(raw, spec), spec)
@@ -70,23 +73,23 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
         .drop("_event_time")
     )
     countable = F.col("reason").isNull()
-    sharded = windows.select(
+    id_hash = F.xxhash64("id") if spec.id_field else F.lit(None)
+    events = windows.select(
         "window_start",
-        "window_end",
-        "primary",
-        "key",
-        "ts",
-        "id",
-        "reason",
-        F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
-        "src_topic",
-        "src_partition",
-        "src_offset",
         F.when(countable, F.pmod(F.xxhash64("key"), F.lit(SHARDS)))
         .otherwise(F.lit(-1))
+        .cast("int")
         .alias("shard"),
+        "key",
+        "primary",
+        F.col("src_partition").cast("int").alias("src_partition"),
+        "src_offset",
+        F.when(F.col("id").isNotNull(), id_hash).cast("long").alias("id_hash"),
+        "reason",
+        F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
     )
-    return sharded.groupBy("window_start", "shard").transformWithStateInPandas(
+    folded = events.mapInArrow(fold_batches, FOLDED_SCHEMA)
+    return folded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=WindowCounter(
             spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
         ),

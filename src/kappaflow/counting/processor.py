@@ -43,7 +43,7 @@ DEAD_WINDOW = -1
 OUTPUT_SCHEMA = (
     "kind STRING, key STRING, window_start BIGINT, window_end BIGINT, count BIGINT, "
     "previous BIGINT, version BIGINT, watermark BIGINT, counted BIGINT, duplicates BIGINT, "
-    "reason STRING, value BINARY, src_topic STRING, src_partition INT, src_offset BIGINT"
+    "reason STRING, value BINARY, src_partition INT, src_offset BIGINT"
 )
 COLUMNS = [part.split()[0] for part in OUTPUT_SCHEMA.split(", ")]
 STATE_SCHEMA = "counts BINARY, ids BINARY, final BOOLEAN"
@@ -111,8 +111,7 @@ def decode_counts(blob: bytes | None) -> pd.DataFrame:
     return frame
 
 
-def _id_hashes(ids: pd.Series) -> np.ndarray:
-    return pd.util.hash_pandas_object(ids.astype(str), index=False).to_numpy().view("int64")
+_NO_IDS = np.zeros(0, dtype="int64")
 
 
 class WindowCounter(StatefulProcessor):
@@ -125,36 +124,41 @@ class WindowCounter(StatefulProcessor):
         self.handle = handle
         self.state = handle.getValueState("window", STATE_SCHEMA)
 
-    # The pandas flavour of the API: rows arrive as DataFrames, not Rows.
+    # The pandas flavour of the API: rows arrive as DataFrames, not Rows. Each row is a
+    # folded (window, key) with its number of events, offsets and id hashes (preagg.py).
     def handleInputRows(  # type: ignore[override]
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        events = pd.concat(list(rows), ignore_index=True)
+        folded = pd.concat(list(rows), ignore_index=True)
         start = int(key[0])
         if start == DEAD_WINDOW:
-            yield self._dead(events)
+            yield self._dead(folded)
             return
         end = start + self.size_ms
-        primary = events["primary"].to_numpy(dtype=bool)
+        primary = folded["primary"].to_numpy(dtype=bool)
         if end + self.lateness_ms <= watermark:
-            yield self._late(events[primary], start, end, watermark)
+            yield self._late(folded[primary], start, end, watermark)
             return
         stored = self.state.get()
         counts = decode_counts(stored[0] if stored else None)
         seen = np.frombuffer(stored[1], dtype="int64") if stored and stored[1] else None
         final = bool(stored[2]) if stored else False
-        fresh = np.ones(len(events), dtype=bool)
+        events = folded["events"].to_numpy(dtype="int64")
+        fresh = events
         if self.dedup:
-            fresh, seen = self._fresh(events, seen)
-        counted = events[fresh]
+            fresh, seen = self._fresh(folded, seen)
+        added = pd.Series(fresh, index=folded["key"].to_numpy()).groupby(level=0).sum()
+        added = added[added > 0]
+        new_keys = int((~added.index.isin(counts.index)).sum())
         stats = _frame(
             1,
             kind=[STATS],
             window_start=[start],
             window_end=[end],
-            counted=[int((fresh & primary).sum())],
-            duplicates=[int((~fresh & primary).sum())],
+            count=[new_keys],
+            counted=[int(fresh[primary].sum())],
+            duplicates=[int((events - fresh)[primary].sum())],
             watermark=[watermark],
         )
         behind = end <= watermark
@@ -164,12 +168,11 @@ class WindowCounter(StatefulProcessor):
                 self.handle.registerTimer(end)
             if self.lateness_ms or behind:
                 self.handle.registerTimer(end + self.lateness_ms)
-        if len(counted) == 0:
+        if len(added) == 0:
             if stored is None and seen is not None:
                 self.state.update((encode_counts(counts), seen.tobytes(), final or behind))
             yield stats
             return
-        added = counted.groupby("key").size()
         before = counts.reindex(added.index)
         previous = before["count"].fillna(0).astype("int64")
         version = before["version"].fillna(0).astype("int64") + 1
@@ -197,30 +200,33 @@ class WindowCounter(StatefulProcessor):
         )
         yield pd.concat([stats, changes], ignore_index=True)
 
-    def _fresh(
-        self, events: pd.DataFrame, seen: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Events not counted before in this window (by id hash); events without id count."""
-        has_id = events["id"].notna().to_numpy()
-        hashes = np.zeros(len(events), dtype="int64")
-        if has_id.any():
-            hashes[has_id] = _id_hashes(events.loc[has_id, "id"])
-        known = seen if seen is not None else np.zeros(0, dtype="int64")
-        repeat = pd.Series(hashes).duplicated().to_numpy() & has_id
-        fresh = ~has_id | (~repeat & ~np.isin(hashes, known))
-        return fresh, np.union1d(known, hashes[fresh & has_id])
+    @staticmethod
+    def _fresh(folded: pd.DataFrame, seen: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per folded row, its events not counted before in this window; and the ids now
+        counted. Events without an id always count; an id counts once per window."""
+        events = folded["events"].to_numpy(dtype="int64")
+        lists = [ids if ids is not None else _NO_IDS for ids in folded["ids"]]
+        sizes = np.fromiter((len(ids) for ids in lists), dtype="int64", count=len(lists))
+        hashes = np.concatenate(lists).astype("int64") if lists else _NO_IDS
+        owner = np.repeat(np.arange(len(lists)), sizes)
+        known = seen if seen is not None else _NO_IDS
+        first = ~pd.Series(hashes).duplicated().to_numpy()
+        new = first & ~np.isin(hashes, known)
+        fresh = (
+            events - sizes + np.bincount(owner, weights=new, minlength=len(lists)).astype("int64")
+        )
+        return fresh, np.union1d(known, hashes[new])
 
     @staticmethod
-    def _dead(events: pd.DataFrame) -> pd.DataFrame:
-        n = len(events)
+    def _dead(folded: pd.DataFrame) -> pd.DataFrame:
+        n = len(folded)
         return _frame(
             n,
             kind=[DEAD] * n,
-            reason=events["reason"].tolist(),
-            value=events["value"].tolist(),
-            src_topic=events["src_topic"].tolist(),
-            src_partition=events["src_partition"].to_numpy(),
-            src_offset=events["src_offset"].to_numpy(),
+            reason=folded["reason"].tolist(),
+            value=folded["value"].tolist(),
+            src_partition=folded["src_partition"].to_numpy(),
+            src_offset=np.array([offsets[0] for offsets in folded["offsets"]], dtype="int64"),
         )
 
     def _late(self, late: pd.DataFrame, start: int, end: int, watermark: int) -> pd.DataFrame:
@@ -230,17 +236,18 @@ class WindowCounter(StatefulProcessor):
             f"stopped taking corrections {self.lateness_ms} ms after the watermark "
             f"passed its end (watermark {iso(from_epoch_ms(watermark))})"
         )
+        sizes = late["events"].to_numpy(dtype="int64")
+        offsets = np.concatenate(list(late["offsets"])).astype("int64") if len(late) else _NO_IDS
+        n = len(offsets)
         return _window_rows(
             LATE,
-            late["key"].tolist(),
+            np.repeat(late["key"].to_numpy(dtype=object), sizes).tolist(),
             start,
             end,
             watermark,
-            reason=[reason] * len(late),
-            value=late["value"].tolist(),
-            src_topic=late["src_topic"].tolist(),
-            src_partition=late["src_partition"].to_numpy(),
-            src_offset=late["src_offset"].to_numpy(),
+            reason=[reason] * n,
+            src_partition=np.repeat(late["src_partition"].to_numpy(dtype="int32"), sizes),
+            src_offset=offsets,
         )
 
     def handleExpiredTimer(
@@ -274,7 +281,7 @@ class WindowCounter(StatefulProcessor):
         if expiry == end + self.lateness_ms:
             # No correction can come any more: forget the window and its ids.
             self.state.clear()
-            frames.append(_window_rows(CLOSED, list(counts.index), start, end, watermark))
+            frames.append(_window_rows(CLOSED, [None], start, end, watermark, count=[len(counts)]))
         if frames:
             yield pd.concat(frames, ignore_index=True)
 

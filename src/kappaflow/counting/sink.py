@@ -15,13 +15,16 @@ import base64
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame
 
-from kappaflow.counting.processor import CHANGE_KINDS, CLOSED, DEAD, LATE, STATS
-from kappaflow.counting.store import CountStore
+from kappaflow.counting.processor import CHANGE_KINDS, CLOSED, DEAD, LATE, PROVISIONAL, STATS
+from kappaflow.counting.store import Changes, CountStore
 from kappaflow.errors import KafkaError
 from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
@@ -45,9 +48,10 @@ def topics_of(job: str) -> dict[str, str]:
 class BatchWriter:
     """The ``foreachBatch`` function of a counting job."""
 
-    def __init__(self, settings: Settings, job: str, store: CountStore) -> None:
+    def __init__(self, settings: Settings, job: str, source: str, store: CountStore) -> None:
         self.settings = settings
         self.job = job
+        self.source = source
         self.store = store
         self.topics = topics_of(job)
         self.producer = Producer(
@@ -56,6 +60,7 @@ class BatchWriter:
                 "log_level": "0",
                 "transactional.id": f"kappaflow.count.{job}",
                 "linger.ms": 20,
+                "compression.type": "lz4",
             }
         )
         # Aborts whatever a previous incarnation of this job left open, and fences it.
@@ -64,48 +69,54 @@ class BatchWriter:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         began = time.perf_counter()
-        rows = frame.collect()
+        table = frame.toArrow()
         collected = time.perf_counter()
-        changes = sorted(
-            (r for r in rows if r.kind in CHANGE_KINDS),
-            key=lambda r: (r.key, r.window_start, r.version),
+        kind = table["kind"]
+        changes = table.filter(pc.is_in(kind, pa.array(CHANGE_KINDS))).sort_by(
+            [("key", "ascending"), ("window_start", "ascending"), ("version", "ascending")]
         )
-        late = [r for r in rows if r.kind == LATE]
-        dead = [r for r in rows if r.kind == DEAD]
+        late = table.filter(pc.equal(kind, LATE)).to_pylist()
+        dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
+        counted = table.filter(pc.equal(kind, STATS))
+        closed = table.filter(pc.equal(kind, CLOSED))
         stats = {
-            "counted": sum(r.counted for r in rows if r.kind == STATS),
-            "duplicates": sum(r.duplicates for r in rows if r.kind == STATS),
+            "counted": _sum(counted["counted"]),
+            "duplicates": _sum(counted["duplicates"]),
             "late": len(late),
             "dlq": len(dead),
-            "watermark": max((r.watermark for r in rows), default=0),
+            "watermark": int(pc.max(table["watermark"]).as_py() or 0),
         }
+        key_deltas: dict[int, int] = {}
+        for part, sign in ((counted, 1), (closed, -1)):
+            for start, n in zip(
+                part["window_start"].to_pylist(), part["count"].to_pylist(), strict=True
+            ):
+                key_deltas[start] = key_deltas.get(start, 0) + sign * n
+        columns = {name: changes[name].to_pylist() for name in changes.column_names}
         _maybe_crash("before-redis", batch_id)
         self.store.apply(
             batch_id,
-            [
-                (
-                    r.key,
-                    r.window_start,
-                    r.window_end,
-                    r["count"],
-                    r.version,
-                    r.kind != "provisional",
-                )
-                for r in changes
-            ],
-            [(r.key, r.window_start) for r in rows if r.kind == CLOSED],
+            Changes(
+                columns["key"],
+                columns["window_start"],
+                columns["window_end"],
+                columns["count"],
+                columns["version"],
+                [k != PROVISIONAL for k in columns["kind"]],
+            ),
+            key_deltas,
             stats,
         )
         _maybe_crash("after-redis", batch_id)
         stored = time.perf_counter()
-        if batch_id > self.last_committed and (changes or late or dead):
-            self._publish(batch_id, changes, late, dead, stats)
+        if batch_id > self.last_committed and (changes.num_rows or late or dead):
+            self._publish(batch_id, columns, late, dead, stats)
             self.last_committed = batch_id
         _maybe_crash("after-kafka", batch_id)
         # Where a batch's time goes, for tuning (the job's driver.log).
         print(
-            f"batch {batch_id}: {len(rows)} rows; compute+collect "
-            f"{collected - began:.2f}s, redis {stored - collected:.2f}s, "
+            f"batch {batch_id}: {table.num_rows} rows, {changes.num_rows} changes; "
+            f"compute+collect {collected - began:.2f}s, redis {stored - collected:.2f}s, "
             f"kafka {time.perf_counter() - stored:.2f}s",
             flush=True,
         )
@@ -113,26 +124,25 @@ class BatchWriter:
     def _publish(
         self,
         batch_id: int,
-        changes: list[Row],
-        late: list[Row],
-        dead: list[Row],
+        changes: dict[str, list[Any]],
+        late: list[dict[str, Any]],
+        dead: list[dict[str, Any]],
         stats: dict[str, int],
     ) -> None:
         self.producer.begin_transaction()
         try:
-            for r in changes:
+            for change in _changes(changes, batch_id):
                 self._send(
-                    self.topics["counts"], json.dumps([r.key, r.window_start]), _change(r, batch_id)
+                    self.topics["counts"],
+                    json.dumps([change["key"], change.pop("_start")]),
+                    change,
                 )
             originals = self._originals(late)
             for r in late:
-                self._send(
-                    self.topics["late"],
-                    r.key,
-                    _late(r, originals.get((r.src_topic, r.src_partition, r.src_offset))),
-                )
+                original = originals.get((r["src_partition"], r["src_offset"]))
+                self._send(self.topics["late"], r["key"], self._late(r, original))
             for r in dead:
-                self._send(self.topics["dlq"], None, _dead(r))
+                self._send(self.topics["dlq"], None, self._dead(r))
             self._send(self.topics["commits"], "batch", {"batch_id": batch_id, **stats})
             self.producer.commit_transaction(120)
         except KafkaException as exc:
@@ -151,19 +161,19 @@ class BatchWriter:
             except BufferError:
                 self.producer.poll(0.2)
 
-    def _originals(self, rows: list[Row]) -> dict[tuple[str, int, int], bytes]:
+    def _originals(self, rows: list[dict[str, Any]]) -> dict[tuple[int, int], bytes]:
         """The original bytes of (rare) late events, read back from the source topic."""
-        wanted = {(r.src_topic, r.src_partition, r.src_offset) for r in rows}
-        found: dict[tuple[str, int, int], bytes] = {}
+        wanted = {(r["src_partition"], r["src_offset"]) for r in rows}
+        found: dict[tuple[int, int], bytes] = {}
         if not wanted:
             return found
         reader = consumer(self.settings.kafka, **{"enable.partition.eof": False})
         try:
-            for topic, partition, offset in sorted(wanted):
-                reader.assign([TopicPartition(topic, partition, offset)])
+            for partition, offset in sorted(wanted):
+                reader.assign([TopicPartition(self.source, partition, offset)])
                 message = reader.poll(self.settings.kafka.timeout_s)
                 if message is not None and message.error() is None:
-                    found[(topic, partition, offset)] = message.value() or b""
+                    found[(partition, offset)] = message.value() or b""
         finally:
             reader.close()
         return found
@@ -191,43 +201,58 @@ class BatchWriter:
         finally:
             reader.close()
 
+    def _late(self, r: dict[str, Any], original: bytes | None) -> dict[str, Any]:
+        return {
+            "reason": r["reason"],
+            "watermark": iso(from_epoch_ms(r["watermark"])),
+            "key": r["key"],
+            "window_start": iso(from_epoch_ms(r["window_start"])),
+            "window_end": iso(from_epoch_ms(r["window_end"])),
+            "event": original.decode("utf-8", errors="replace") if original is not None else None,
+            "source_topic": self.source,
+            "source_partition": r["src_partition"],
+            "source_offset": r["src_offset"],
+        }
 
-def _change(r: Row, batch_id: int) -> dict[str, Any]:
-    return {
-        "key": r.key,
-        "window_start": iso(from_epoch_ms(r.window_start)),
-        "window_end": iso(from_epoch_ms(r.window_end)),
-        "count": r["count"],  # Row.count is tuple.count: index by name
-        "previous": r.previous,
-        "kind": r.kind,
-        "version": r.version,
-        "watermark": iso(from_epoch_ms(r.watermark)) if r.watermark > 0 else None,
-        "batch": batch_id,
-    }
-
-
-def _late(r: Row, original: bytes | None) -> dict[str, Any]:
-    return {
-        "reason": r.reason,
-        "watermark": iso(from_epoch_ms(r.watermark)),
-        "key": r.key,
-        "window_start": iso(from_epoch_ms(r.window_start)),
-        "window_end": iso(from_epoch_ms(r.window_end)),
-        "event": original.decode("utf-8", errors="replace") if original is not None else None,
-        "source_topic": r.src_topic,
-        "source_partition": r.src_partition,
-        "source_offset": r.src_offset,
-    }
+    def _dead(self, r: dict[str, Any]) -> dict[str, Any]:
+        value = r["value"]
+        return {
+            "error": r["reason"],
+            "source_topic": self.source,
+            "source_partition": r["src_partition"],
+            "source_offset": r["src_offset"],
+            "value_base64": base64.b64encode(bytes(value)).decode() if value else None,
+        }
 
 
-def _dead(r: Row) -> dict[str, Any]:
-    return {
-        "error": r.reason,
-        "source_topic": r.src_topic,
-        "source_partition": r.src_partition,
-        "source_offset": r.src_offset,
-        "value_base64": base64.b64encode(bytes(r.value)).decode() if r.value else None,
-    }
+def _changes(columns: dict[str, list[Any]], batch_id: int) -> Iterator[dict[str, Any]]:
+    """The changelog records, with ``_start`` (epoch ms) for the record key."""
+    times: dict[int, str] = {}
+
+    def at(millis: int) -> str:
+        text = times.get(millis)
+        if text is None:
+            text = times[millis] = iso(from_epoch_ms(millis))
+        return text
+
+    for i, key in enumerate(columns["key"]):
+        watermark = columns["watermark"][i]
+        yield {
+            "key": key,
+            "window_start": at(columns["window_start"][i]),
+            "window_end": at(columns["window_end"][i]),
+            "count": columns["count"][i],
+            "previous": columns["previous"][i],
+            "kind": columns["kind"][i],
+            "version": columns["version"][i],
+            "watermark": at(watermark) if watermark > 0 else None,
+            "batch": batch_id,
+            "_start": columns["window_start"][i],
+        }
+
+
+def _sum(column: pa.ChunkedArray) -> int:
+    return int(pc.sum(column).as_py() or 0)
 
 
 def _maybe_crash(point: str, batch_id: int) -> None:

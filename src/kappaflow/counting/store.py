@@ -3,12 +3,14 @@
 Per job NAME, in Redis:
 - ``kf:NAME:w:<key>``: a hash, one field per window start (epoch ms), holding JSON
   ``{"end", "count", "version", "final"}``: the current count of every window of the key;
-- ``kf:NAME:keys``: the set of keys; ``kf:NAME:open``: windows not forgotten yet;
+- ``kf:NAME:keys``: the set of keys;
+- ``kf:NAME:open``: a hash, window start → how many keys the job's state holds for it
+  (windows not forgotten yet), which shows the state bounded by the watermark;
 - ``kf:NAME:stats``: events counted, duplicates, late, dead letters, last batch, watermark.
 
-Every write is idempotent: a window's value is replaced only by a higher version, and the
-statistics move only for a batch id higher than the last one applied. So re-running a
-batch after a crash changes nothing that was already applied.
+Every write is idempotent: a re-run batch writes the same window values again, and the
+statistics and key counts move only for a batch id higher than the last one applied. So
+re-running a batch after a crash changes nothing that was already applied.
 """
 
 from __future__ import annotations
@@ -22,45 +24,47 @@ import redis
 
 from kappaflow.timeutil import from_epoch_ms, iso
 
-# Applies one batch's changes. ARGV: job, batch id, changes (JSON), closed windows (JSON),
-# statistics (JSON, or "" for a chunk that is not the batch's last).
-APPLY = """
+# Applies one batch's bookkeeping, once: statistics, and per window how many keys the
+# state holds. ARGV: job, batch id, statistics (JSON), {window start: key delta} (JSON).
+BOOKKEEP = """
 local job, batch = ARGV[1], tonumber(ARGV[2])
 local prefix = 'kf:' .. job .. ':'
-local applied = 0
-for _, c in ipairs(cjson.decode(ARGV[3])) do
-  local hash = prefix .. 'w:' .. c[1]
-  local field = tostring(c[2])
-  local current = redis.call('HGET', hash, field)
-  if (not current) or cjson.decode(current).version < c[5] then
-    redis.call('HSET', hash, field, cjson.encode(
-      {['end'] = c[3], count = c[4], version = c[5], final = c[6]}))
-    applied = applied + 1
-  end
-  redis.call('SADD', prefix .. 'keys', c[1])
-  if not c[6] then redis.call('SADD', prefix .. 'open', field .. '|' .. c[1]) end
+local stats = prefix .. 'stats'
+local last = tonumber(redis.call('HGET', stats, 'last_batch') or '-1')
+if batch <= last then return 0 end
+local s = cjson.decode(ARGV[3])
+for _, name in ipairs({'counted', 'duplicates', 'late', 'dlq'}) do
+  redis.call('HINCRBY', stats, name, s[name])
 end
-for _, w in ipairs(cjson.decode(ARGV[4])) do
-  redis.call('SREM', prefix .. 'open', tostring(w[2]) .. '|' .. w[1])
+redis.call('HSET', stats, 'last_batch', batch)
+if s.watermark > tonumber(redis.call('HGET', stats, 'watermark') or '0') then
+  redis.call('HSET', stats, 'watermark', s.watermark)
 end
-if ARGV[5] ~= '' then
-  local stats = prefix .. 'stats'
-  local last = tonumber(redis.call('HGET', stats, 'last_batch') or '-1')
-  if batch > last then
-    local s = cjson.decode(ARGV[5])
-    for _, name in ipairs({'counted', 'duplicates', 'late', 'dlq'}) do
-      redis.call('HINCRBY', stats, name, s[name])
-    end
-    redis.call('HSET', stats, 'last_batch', batch)
-    if s.watermark > tonumber(redis.call('HGET', stats, 'watermark') or '0') then
-      redis.call('HSET', stats, 'watermark', s.watermark)
-    end
+for window, delta in pairs(cjson.decode(ARGV[4])) do
+  if redis.call('HINCRBY', prefix .. 'open', window, delta) <= 0 then
+    redis.call('HDEL', prefix .. 'open', window)
   end
 end
-return applied
+return 1
 """
 
-CHUNK = 5000
+#: Redis commands sent per round trip.
+PIPELINE = 2000
+
+
+@dataclass(frozen=True)
+class Changes:
+    """One batch's window changes, as columns, in version order per (key, window)."""
+
+    keys: list[str]
+    starts: list[int]
+    ends: list[int]
+    counts: list[int]
+    versions: list[int]
+    finals: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass(frozen=True)
@@ -87,32 +91,54 @@ class CountStore:
         self.client = client
         self.job = job
         self.prefix = f"kf:{job}:"
-        self._apply = client.register_script(APPLY)
+        self._bookkeep = client.register_script(BOOKKEEP)
 
     def apply(
         self,
         batch_id: int,
-        changes: list[tuple[str, int, int, int, int, bool]],
-        closed: list[tuple[str, int]],
+        changes: Changes,
+        key_deltas: dict[int, int],
         stats: dict[str, int],
-    ) -> int:
-        """Apply a batch: (key, start, end, count, version, final) changes; idempotent."""
-        applied = 0
-        chunks = [changes[i : i + CHUNK] for i in range(0, len(changes), CHUNK)] or [[]]
-        for number, chunk in enumerate(chunks):
-            last = number == len(chunks) - 1
-            applied += int(
-                self._apply(
-                    args=[
-                        self.job,
-                        batch_id,
-                        json.dumps(chunk),
-                        json.dumps(closed if last else []),
-                        json.dumps(stats) if last else "",
-                    ]
-                )
+    ) -> bool:
+        """Apply a batch: its changes, then its bookkeeping; False if already applied.
+
+        A batch re-run after a crash computes the same changes from the same input and
+        state, so writing them again leaves the same values: the changes need no fence.
+        The bookkeeping adds up, so it is fenced by the batch id.
+        """
+        values: dict[str, dict[str, str]] = {}
+        for key, start, end, count, version, final in zip(
+            changes.keys,
+            changes.starts,
+            changes.ends,
+            changes.counts,
+            changes.versions,
+            changes.finals,
+            strict=True,
+        ):
+            # The last change of a (key, window) in the batch has its highest version.
+            values.setdefault(key, {})[str(start)] = (
+                f'{{"end": {end}, "count": {count}, "version": {version}, '
+                f'"final": {"true" if final else "false"}}}'
             )
-        return applied
+        names = list(values)
+        for at in range(0, len(names), PIPELINE):
+            pipe = self.client.pipeline(transaction=False)
+            chunk = names[at : at + PIPELINE]
+            for key in chunk:
+                pipe.hset(self.prefix + "w:" + key, mapping=values[key])  # type: ignore[arg-type]
+            pipe.sadd(self.prefix + "keys", *chunk)
+            pipe.execute()
+        return bool(
+            self._bookkeep(
+                args=[
+                    self.job,
+                    batch_id,
+                    json.dumps(stats),
+                    json.dumps({str(w): d for w, d in key_deltas.items() if d}),
+                ]
+            )
+        )
 
     def windows(self, key: str | None = None) -> Iterator[WindowCount]:
         keys = (
@@ -136,7 +162,9 @@ class CountStore:
     def stats(self) -> dict[str, int]:
         raw = self.client.hgetall(self.prefix + "stats")
         values = {_text(k): int(v) for k, v in raw.items()}
-        values["open_windows"] = int(self.client.scard(self.prefix + "open"))
+        held = [int(n) for n in self.client.hvals(self.prefix + "open")]
+        values["open_windows"] = len(held)
+        values["window_keys"] = sum(held)
         return values
 
     def drop(self) -> None:

@@ -1,0 +1,114 @@
+"""Folding a micro-batch's events into one row per (window, key) before the state.
+
+The stateful operator costs per row it receives, and most events of a batch repeat a
+(window, key) pair. This stateless step (``mapInArrow``, Arrow in and out) folds them,
+per Spark partition, into one row carrying how many events it stands for, their source
+offsets (so too-late events can still be reported one by one) and their id hashes (for
+``--id`` dedup). Records that cannot be counted pass through one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: What this step emits, and the stateful operator gets.
+FOLDED_SCHEMA = (
+    "window_start BIGINT, shard INT, key STRING, primary BOOLEAN, src_partition INT, "
+    "events BIGINT, offsets ARRAY<BIGINT>, ids ARRAY<BIGINT>, reason STRING, value BINARY"
+)
+#: Rows folded at once; bounds the Python worker's memory on a huge batch.
+FOLD_ROWS = 500_000
+
+_GROUP = ["window_start", "shard", "key", "primary", "src_partition"]
+_OUT = pa.schema(
+    [
+        ("window_start", pa.int64()),
+        ("shard", pa.int32()),
+        ("key", pa.string()),
+        ("primary", pa.bool_()),
+        ("src_partition", pa.int32()),
+        ("events", pa.int64()),
+        ("offsets", pa.list_(pa.int64())),
+        ("ids", pa.list_(pa.int64())),
+        ("reason", pa.string()),
+        ("value", pa.binary()),
+    ]
+)
+
+
+def fold_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function: input columns are those of ``_GROUP`` plus
+    ``src_offset``, ``id_hash`` (null without an id), ``reason`` and ``value``."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= FOLD_ROWS:
+            yield from fold(pa.Table.from_batches(pending))
+            pending, rows = [], 0
+    if pending:
+        yield from fold(pa.Table.from_batches(pending))
+
+
+def fold(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    dead = pc.is_valid(table["reason"])
+    if pc.any(dead).as_py():
+        yield from _dead(table.filter(dead))
+        table = table.filter(pc.invert(dead))
+    if table.num_rows == 0:
+        return
+    folded = table.group_by(_GROUP, use_threads=False).aggregate(
+        [("src_offset", "count"), ("src_offset", "list"), ("id_hash", "list")]
+    )
+    n = folded.num_rows
+    yield from pa.table(
+        {
+            "window_start": folded["window_start"],
+            "shard": folded["shard"],
+            "key": folded["key"],
+            "primary": folded["primary"],
+            "src_partition": folded["src_partition"],
+            "events": folded["src_offset_count"],
+            "offsets": folded["src_offset_list"],
+            "ids": _without_nulls(folded["id_hash_list"].combine_chunks()),
+            "reason": pa.nulls(n, pa.string()),
+            "value": pa.nulls(n, pa.binary()),
+        },
+        schema=_OUT,
+    ).to_batches()
+
+
+def _without_nulls(lists: pa.ListArray) -> pa.ListArray:
+    """Each list without its null items (the events that have no id)."""
+    flat = pc.list_flatten(lists)
+    keep = pc.is_valid(flat)
+    owners = pc.list_parent_indices(lists).filter(keep).to_numpy()
+    sizes = np.bincount(owners, minlength=len(lists))
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype("int32")
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(keep))
+
+
+def _dead(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    n = table.num_rows
+    yield from pa.table(
+        {
+            "window_start": table["window_start"],
+            "shard": table["shard"],
+            "key": table["key"],
+            "primary": table["primary"],
+            "src_partition": table["src_partition"],
+            "events": pa.array([1] * n, pa.int64()),
+            "offsets": pa.array(
+                [[o] for o in table["src_offset"].to_pylist()], pa.list_(pa.int64())
+            ),
+            "ids": pa.nulls(n, pa.list_(pa.int64())),
+            "reason": table["reason"],
+            "value": table["value"],
+        },
+        schema=_OUT,
+    ).to_batches()

@@ -330,3 +330,39 @@ def test_sliding_windows_and_state_readback(
     assert from_state, "the state holds the windows still open"
     for row in from_state:
         assert from_store[(row["key"], row["window_start"])] == row["count"]
+
+
+def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic(partitions=2)
+    start(cli, job_name, source, "--realtime")
+    values = events(30)
+    send(serving, source, values)
+    wait_stats(serving, job_name, counted=30)
+    want = expected(values)
+    assert store_counts(serving, job_name) == want
+
+    def realtime_counts() -> dict[tuple[str, int], int] | None:
+        latest: dict[tuple[str, int], int] = {}
+        for m in read_records(serving.kafka, f"{job_name}.counts", start=StartAt(beginning=True)):
+            value = json.loads(m.value() or b"{}")
+            if value["mode"] == "realtime":
+                window = (value["key"], int(json.loads(m.key() or b"[]")[1]))
+                latest[window] = max(latest.get(window, 0), value["count"])
+        return latest if latest == want else None
+
+    wait_for(realtime_counts, timeout=120, what="real-time counts to match")
+    records = list(read_records(serving.kafka, f"{job_name}.counts", start=StartAt(beginning=True)))
+    partitions: defaultdict[bytes, set[tuple[str, int]]] = defaultdict(set)
+    for m in records:
+        value = json.loads(m.value() or b"{}")
+        partitions[m.key() or b""].add((value["mode"], m.partition()))
+        if value["mode"] == "realtime":
+            assert value["kind"] == "provisional" and value["latest_event"]
+    for key, seen in partitions.items():
+        modes = {mode for mode, _ in seen}
+        assert modes == {"realtime", "micro-batch"}, key
+        assert len({partition for _, partition in seen}) == 1, f"{key!r} in two partitions"
+    status = json.loads(cli("count", "status", job_name).out)
+    assert status["state"] == "running" and status["counted"] == 30

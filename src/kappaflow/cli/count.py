@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import click
@@ -12,7 +14,9 @@ from kappaflow.cli.output import json_line, say
 from kappaflow.counting.spec import CountSpec, millis
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
+from kappaflow.kafka.topics import topic_partitions
 from kappaflow.serving.client import redis_client
+from kappaflow.settings import Settings
 from kappaflow.spark.jobs import JobManager
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -53,7 +57,11 @@ def count() -> None:
     metavar="DURATION",
     help="how long after the watermark a window still takes corrections",
 )
-@click.option("--realtime", is_flag=True, help="provisional counts in real-time mode (not yet)")
+@click.option(
+    "--realtime",
+    is_flag=True,
+    help="also provisional counts in Spark real-time mode, within milliseconds",
+)
 @click.option("--available-now", is_flag=True, help="count what the topic holds, then stop")
 @pass_context
 def start(
@@ -72,8 +80,6 @@ def start(
     available_now: bool,
 ) -> None:
     """Start counting job NAME; started again, it resumes from its checkpoint."""
-    if realtime:
-        raise JobError("--realtime is not implemented yet: run without it (micro-batch)")
     spec = CountSpec(
         source=source,
         key_field=key_field,
@@ -88,10 +94,33 @@ def start(
         available_now=available_now,
     )
     redis_client(ctx.settings)  # fail here, not in the background, if Redis is down
+    overrides = dict(ctx.overrides)
+    if realtime:
+        overrides["spark"] = {
+            **overrides.get("spark", {}),
+            "master": _realtime_master(
+                ctx.settings, len(topic_partitions(ctx.settings.kafka, source))
+            ),
+        }
     record = JobManager(ctx.settings).start(
-        name, PIPELINE, spec.to_params(), overrides=ctx.overrides, config_file=ctx.config_file
+        name, PIPELINE, spec.to_params(), overrides=overrides, config_file=ctx.config_file
     )
     say(f"count job {name} {record.state} (pid {record.pid})")
+
+
+def _realtime_master(settings: Settings, partitions: int) -> str:
+    """A local master with task slots for the real-time query on top of the usual ones.
+
+    Real-time mode holds a slot per task for as long as it runs; in local mode slots are
+    threads, so they are added. A cluster master is kept: it needs the free slots."""
+    master = settings.spark.master
+    found = re.fullmatch(r"local\[(\*|\d+)\]", master)
+    if found is None:
+        return master
+    from kappaflow.counting.realtime import slots_needed
+
+    cores = (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
+    return f"local[{cores + slots_needed(partitions)}]"
 
 
 @count.command("stop")

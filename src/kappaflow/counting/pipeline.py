@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from kappaflow.counting import realtime
 from kappaflow.counting.events import assign_windows, parse_events
 from kappaflow.counting.preagg import FOLDED_SCHEMA, fold_batches
 from kappaflow.counting.processor import OUTPUT_SCHEMA, SHARDS, WindowCounter
@@ -53,7 +54,20 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         if spec.available_now
         else writer.trigger(processingTime="0 seconds")
     )
-    return [writer.start()]
+    queries = [writer.start()]
+    if spec.realtime:
+        queries.append(
+            realtime.start(
+                ctx.spark,
+                ctx.settings,
+                spec,
+                f"{ctx.name}.realtime",
+                topics["counts"],
+                str(ctx.checkpoint_dir / "realtime"),
+                partitions,
+            )
+        )
+    return queries
 
 
 def build(raw: DataFrame, spec: CountSpec) -> DataFrame:

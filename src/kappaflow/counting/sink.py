@@ -60,6 +60,9 @@ class BatchWriter:
                 "log_level": "0",
                 "transactional.id": f"kappaflow.count.{job}",
                 "linger.ms": 20,
+                # Java's partitioner, so that a window's records from Spark's own Kafka
+                # sink (real-time mode) land in the same partition as these.
+                "partitioner": "murmur2_random",
                 "compression.type": "lz4",
             }
         )
@@ -134,7 +137,7 @@ class BatchWriter:
             for change in _changes(changes, batch_id):
                 self._send(
                     self.topics["counts"],
-                    json.dumps([change["key"], change.pop("_start")]),
+                    json.dumps([change["key"], change.pop("_start")], ensure_ascii=False),
                     change,
                 )
             originals = self._originals(late)
@@ -246,6 +249,7 @@ def _changes(columns: dict[str, list[Any]], batch_id: int) -> Iterator[dict[str,
             "kind": columns["kind"][i],
             "version": columns["version"][i],
             "watermark": at(watermark) if watermark > 0 else None,
+            "mode": "micro-batch",
             "batch": batch_id,
             "_start": columns["window_start"][i],
         }

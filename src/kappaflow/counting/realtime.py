@@ -1,0 +1,100 @@
+"""Provisional counts in Spark's real-time mode, beside the exactly-once micro-batch path.
+
+With ``--realtime`` a counting job runs a second query over the same source: Spark's
+own windowed count, in real-time mode (long-running tasks that process each record as
+it arrives, Spark 4.3), written to ``NAME.counts`` as soon as a count changes. These
+records have ``"mode": "realtime"``: they are early previews, at least once, without
+``--id`` dedup, and an event behind that query's watermark is simply not in them. The
+micro-batch path stays the authority: its records (``"mode": "micro-batch"``) are the
+exactly-once, deduplicated, corrected and final counts, and the only ones in Redis.
+
+Real-time mode runs every stage of the query at once, each task holding a slot for the
+whole batch: the source's partitions plus as many shuffle partitions.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from kappaflow.counting.events import assign_windows, parse_events
+from kappaflow.counting.spec import CountSpec
+from kappaflow.settings import Settings
+from kappaflow.spark.kafka_io import read_stream, write_stream
+
+#: How long a real-time batch runs before Spark checkpoints its offsets and state.
+CHECKPOINT_INTERVAL = "5 seconds"
+
+
+def slots_needed(partitions: int) -> int:
+    """Task slots the real-time query holds: source tasks plus aggregation tasks."""
+    return 2 * partitions
+
+
+def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
+    """Kafka records → changelog records (``key``, ``value``) of windowed counts."""
+    events = (
+        assign_windows(parse_events(raw, spec), spec)
+        .where(F.col("reason").isNull())
+        .withColumn("_event_time", F.timestamp_millis(F.col("ts")))
+        .withWatermark("_event_time", f"{spec.watermark_ms} milliseconds")
+    )
+    counts = events.groupBy("window_start", "window_end", "key").agg(
+        F.count(F.lit(1)).alias("count"), F.max("ts").alias("latest")
+    )
+    return counts.select(
+        record_key().alias("key"),
+        F.to_json(
+            F.struct(
+                F.col("key"),
+                _iso(F.col("window_start")).alias("window_start"),
+                _iso(F.col("window_end")).alias("window_end"),
+                F.col("count"),
+                F.lit("provisional").alias("kind"),
+                F.lit("realtime").alias("mode"),
+                _iso(F.col("latest")).alias("latest_event"),
+            )
+        ).alias("value"),
+    )
+
+
+def record_key() -> Column:
+    """``["key", start_ms]`` from columns ``key`` and ``window_start``: byte for byte the
+    key of the micro-batch path's records (``json.dumps(..., ensure_ascii=False)``), so
+    both land in the same partition."""
+    quoted = "to_json(array(key))"
+    return F.expr(
+        f"format_string('[%s, %d]', substring({quoted}, 2, length({quoted}) - 2), window_start)"
+    )
+
+
+def _iso(millis: Column) -> Column:
+    return F.date_format(F.timestamp_millis(millis), "yyyy-MM-dd'T'HH:mm:ss.SSSXXX")
+
+
+def start(
+    spark: SparkSession,
+    settings: Settings,
+    spec: CountSpec,
+    name: str,
+    topic: str,
+    checkpoint: str,
+    partitions: int,
+) -> StreamingQuery:
+    """Start the real-time query; its shuffle has one partition per source partition."""
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    # A query copies the session's settings when it starts; put the default back after.
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    try:
+        writer = (
+            write_stream(changes(read_stream(spark, settings, spec.source), spec), settings, topic)
+            .queryName(name)
+            .outputMode("update")
+            .option("checkpointLocation", checkpoint)
+            .trigger(realTime=CHECKPOINT_INTERVAL)  # type: ignore[call-overload]
+        )
+        query: StreamingQuery = writer.start()
+        return query
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous or "4")

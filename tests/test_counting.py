@@ -354,7 +354,7 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
 
     wait_for(realtime_counts, timeout=120, what="real-time counts to match")
     records = list(read_records(serving.kafka, f"{job_name}.counts", start=StartAt(beginning=True)))
-    partitions: defaultdict[bytes, set[tuple[str, int]]] = defaultdict(set)
+    partitions: defaultdict[bytes, set[tuple[str, int | None]]] = defaultdict(set)
     for m in records:
         value = json.loads(m.value() or b"{}")
         partitions[m.key() or b""].add((value["mode"], m.partition()))

@@ -20,6 +20,7 @@ from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
 from kappaflow.spark.jobs import JobManager
+from kappaflow.timeutil import from_epoch_ms, iso
 
 WINDOW_MS = 10_000
 # A minute boundary, so windows line up with the events below.
@@ -366,3 +367,53 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
         assert len({partition for _, partition in seen}) == 1, f"{key!r} in two partitions"
     status = json.loads(cli("count", "status", job_name).out)
     assert status["state"] == "running" and status["counted"] == 30
+
+
+def test_session_windows(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic()
+
+    def view(page: str, at: int, n: int) -> dict[str, Any]:
+        return {"page": page, "ts": BASE + at, "id": f"s{n}"}
+
+    # /a: a session of three views, then one 10 s later; /b: one view.
+    first = [view("/a", 0, 0), view("/a", 2000, 1), view("/a", 4000, 2), view("/b", 1000, 3)]
+    first.append(view("/a", 14_000, 4))
+    send(serving, source, first)
+    result = cli(
+        "count", "start", job_name, "--source", source, "--key", "page", "--time", "ts",
+        "--id", "id", "--session-gap", "3s", "--watermark", "1s", "--allowed-lateness", "30s",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    wait_stats(serving, job_name, counted=5)
+    assert store_counts(serving, job_name) == {
+        ("/a", BASE): 3,
+        ("/a", BASE + 14_000): 1,
+        ("/b", BASE + 1000): 1,
+    }
+    # Views at 6.5 s, 9 s and 11.5 s, behind the watermark but within the allowed
+    # lateness, bridge /a's two sessions into one; a repeated view is dropped.
+    send(serving, source, [view("/a", 6500, 5), view("/a", 9000, 6), view("/a", 11_500, 7)])
+    send(serving, source, [first[0]])
+    wait_stats(serving, job_name, counted=8, duplicates=1)
+    want = {("/a", BASE): 7, ("/b", BASE + 1000): 1}
+    wait_for(
+        lambda: True if store_counts(serving, job_name) == want else None,
+        timeout=60,
+        what="the sessions to merge",
+    )
+    windows = [json.loads(line) for line in cli("counts", job_name, "--key", "/a").lines()]
+    assert [(w["window_start"], w["window_end"], w["count"]) for w in windows] == [
+        (iso(from_epoch_ms(BASE)), iso(from_epoch_ms(BASE + 17_000)), 7)
+    ]
+    retracted = [c for c in changelog(serving, job_name) if c["count"] == 0]
+    assert retracted and all(c["kind"] == "correction" and c["key"] == "/a" for c in retracted)
+    assert ("/a", 1) in [(c["key"], c["previous"]) for c in retracted]  # the 14 s session
+    status = json.loads(cli("count", "status", job_name).out)
+    assert status["window_keys"] == 2 and status["events_read"] == 9
+    from_state = {
+        (r["key"], r["count"])
+        for r in map(json.loads, cli("counts", job_name, "--from-state").lines())
+    }
+    assert from_state == {("/a", 7), ("/b", 1)}

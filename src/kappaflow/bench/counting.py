@@ -27,10 +27,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from kappaflow.counting.realtime import realtime_master
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import consumer, producer
-from kappaflow.kafka.topics import create_topic
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
@@ -54,6 +56,11 @@ class CountBenchResult:
     latency_p50_s: float | None = None
     latency_p99_s: float | None = None
     latency_samples: int = 0
+    realtime_rate: int = 0
+    realtime_seconds: float = 0.0
+    realtime_p50_ms: float | None = None
+    realtime_p99_ms: float | None = None
+    realtime_samples: int = 0
     machine: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,7 +121,12 @@ def ceiling_spark(settings: Settings, topic: str) -> float:
 
 
 def run_count_job(
-    settings: Settings, name: str, topic: str, available_now: bool, overrides: dict[str, Any]
+    settings: Settings,
+    name: str,
+    topic: str,
+    available_now: bool,
+    overrides: dict[str, Any],
+    realtime: bool = False,
 ) -> tuple[JobManager, float]:
     spec = CountSpec(
         source=topic,
@@ -124,7 +136,11 @@ def run_count_job(
         watermark_ms=10_000,
         allowed_lateness_ms=0,
         available_now=available_now,
+        realtime=realtime,
     )
+    if realtime:
+        master = realtime_master(settings, len(topic_partitions(settings.kafka, topic)))
+        overrides = {**overrides, "spark": {**overrides.get("spark", {}), "master": master}}
     jobs = JobManager(settings)
     jobs.start(name, "count", spec.to_params(), overrides=overrides)
     return jobs, time.perf_counter()
@@ -199,6 +215,72 @@ def measure_latency(
     return samples[len(samples) // 5 :]
 
 
+def send_steadily(
+    settings: Settings, topic: str, rate: int, seconds: float, keys: int, seed: int
+) -> int:
+    """Open loop: events due by now are sent now, each with event time = its send time."""
+    rng = random.Random(seed)
+    out = producer(settings.kafka, **{"linger.ms": 1})
+    sent = 0
+    started = time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds:
+        due = int((now - started) * rate) - sent
+        stamp = int(time.time() * 1000)
+        for _ in range(max(0, due)):
+            out.produce(topic, value=event(rng, sent, keys, stamp))
+            sent += 1
+        out.poll(0)
+        time.sleep(0.001)
+    out.flush(30)
+    return sent
+
+
+def measure_realtime_latency(
+    settings: Settings, rate: int, seconds: float, keys: int, overrides: dict[str, Any]
+) -> list[float]:
+    """Event → changelog latency of the real-time path, in milliseconds.
+
+    For each real-time record: its Kafka timestamp (set when Spark's sink sends it)
+    minus the newest event time it includes (the event that changed the count, whose
+    event time is its send time)."""
+    topic = f"bench.realtime.{uuid.uuid4().hex[:6]}"
+    create_topic(settings.kafka, topic, partitions=2)
+    name = f"bench-realtime-{uuid.uuid4().hex[:6]}"
+    jobs, _ = run_count_job(settings, name, topic, False, overrides, realtime=True)
+    try:
+        # Warm up: the first records pay for the long-running tasks' start.
+        send_steadily(settings, topic, 100, 5.0, keys, seed=3)
+        wait_for(
+            lambda: True if _realtime_records(settings, name, 0) else None,
+            timeout=120,
+            what="the first real-time counts",
+        )
+        measured_from = int(time.time() * 1000)
+        send_steadily(settings, topic, rate, seconds, keys, seed=4)
+        samples = [
+            float(stamp - latest)
+            for stamp, latest in _realtime_records(settings, name, measured_from)
+        ]
+    finally:
+        jobs.stop(name)
+    return samples[len(samples) // 10 :]
+
+
+def _realtime_records(settings: Settings, job: str, since_ms: int) -> list[tuple[int, int]]:
+    """(Kafka timestamp, newest event time) of real-time records with events since then."""
+    from datetime import datetime
+
+    found: list[tuple[int, int]] = []
+    for message in read_records(settings.kafka, f"{job}.counts", start=StartAt(beginning=True)):
+        value = json.loads(message.value() or b"{}")
+        if value.get("mode") != "realtime":
+            continue
+        latest = int(datetime.fromisoformat(value["latest_event"]).timestamp() * 1000)
+        if latest >= since_ms:
+            found.append((message.timestamp()[1], latest))
+    return found
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -237,6 +319,11 @@ def run(
     result.latency_samples = len(samples)
     result.latency_p50_s = percentile(samples, 0.5)
     result.latency_p99_s = percentile(samples, 0.99)
+    realtime_ms = measure_realtime_latency(settings, latency_rate, latency_seconds, keys, overrides)
+    result.realtime_rate, result.realtime_seconds = latency_rate, latency_seconds
+    result.realtime_samples = len(realtime_ms)
+    result.realtime_p50_ms = percentile(realtime_ms, 0.5)
+    result.realtime_p99_ms = percentile(realtime_ms, 0.99)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     if samples:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any
 
 import click
@@ -16,7 +14,6 @@ from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.serving.client import redis_client
-from kappaflow.settings import Settings
 from kappaflow.spark.jobs import JobManager
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -96,9 +93,11 @@ def start(
     redis_client(ctx.settings)  # fail here, not in the background, if Redis is down
     overrides = dict(ctx.overrides)
     if realtime:
+        from kappaflow.counting.realtime import realtime_master
+
         overrides["spark"] = {
             **overrides.get("spark", {}),
-            "master": _realtime_master(
+            "master": realtime_master(
                 ctx.settings, len(topic_partitions(ctx.settings.kafka, source))
             ),
         }
@@ -106,21 +105,6 @@ def start(
         name, PIPELINE, spec.to_params(), overrides=overrides, config_file=ctx.config_file
     )
     say(f"count job {name} {record.state} (pid {record.pid})")
-
-
-def _realtime_master(settings: Settings, partitions: int) -> str:
-    """A local master with task slots for the real-time query on top of the usual ones.
-
-    Real-time mode holds a slot per task for as long as it runs; in local mode slots are
-    threads, so they are added. A cluster master is kept: it needs the free slots."""
-    master = settings.spark.master
-    found = re.fullmatch(r"local\[(\*|\d+)\]", master)
-    if found is None:
-        return master
-    from kappaflow.counting.realtime import slots_needed
-
-    cores = (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
-    return f"local[{cores + slots_needed(partitions)}]"
 
 
 @count.command("stop")
@@ -158,6 +142,7 @@ def status(ctx: Context, name: str) -> None:
             "dead_letters": dead,
             "watermark": _watermark(progress, stats),
             "open_windows": stats.get("open_windows", 0),
+            "window_keys": stats.get("window_keys", 0),
             "state_rows": sum(int(op.get("numRowsTotal", 0)) for op in operators),
             "state_bytes": sum(int(op.get("memoryUsedBytes", 0)) for op in operators),
             "last_batch": {

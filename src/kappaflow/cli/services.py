@@ -247,10 +247,18 @@ def bench_count(
                 if result.ceiling_spark_rate
                 else "-",
             ],
-            [f"latency p50 / p99 at {result.latency_rate}/s", f"{p50} / {p99}"],
+            [f"micro-batch latency p50 / p99 at {result.latency_rate}/s", f"{p50} / {p99}"],
+            [
+                f"real-time latency p50 / p99 at {result.realtime_rate}/s",
+                f"{_ms(result.realtime_p50_ms)} / {_ms(result.realtime_p99_ms)}",
+            ],
         ],
     )
     say(f"wrote {out_dir / 'result.json'}")
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.0f}ms" if value is not None else "-"
 
 
 COMMANDS = (setup, kafka, redis, up, down, status, demo, bench)

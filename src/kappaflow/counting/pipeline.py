@@ -16,7 +16,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 from kappaflow.counting import realtime
 from kappaflow.counting.events import assign_windows, parse_events
 from kappaflow.counting.preagg import FOLDED_SCHEMA, fold_batches
-from kappaflow.counting.processor import OUTPUT_SCHEMA, SHARDS, WindowCounter
+from kappaflow.counting.processor import DEAD_WINDOW, OUTPUT_SCHEMA, SHARDS, WindowCounter
+from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
@@ -80,6 +81,8 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
     original bytes; a late event's bytes are fetched from the source by the batch
     writer, so the bulk of events cross to Python small.
     """
+    if spec.session_gap_ms is not None:
+        return build_sessions(raw, spec)
     windows = (
         assign_windows(parse_events(raw, spec), spec)
         .withColumn("_event_time", F.timestamp_millis(F.col("ts")))
@@ -106,6 +109,43 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
     return folded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=WindowCounter(
             spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
+        ),
+        outputStructType=OUTPUT_SCHEMA,
+        outputMode="Update",
+        timeMode="EventTime",
+    )
+
+
+def build_sessions(raw: DataFrame, spec: CountSpec) -> DataFrame:
+    """Session windows: events, unfolded, to the session counter per shard of keys."""
+    assert spec.session_gap_ms is not None
+    countable = F.col("reason").isNull()
+    events = (
+        parse_events(raw, spec)
+        .withColumn("_event_time", F.timestamp_millis(F.col("ts")))
+        .withWatermark("_event_time", f"{spec.watermark_ms} milliseconds")
+        .select(
+            F.when(countable, F.lit(0))
+            .otherwise(F.lit(DEAD_WINDOW))
+            .cast("long")
+            .alias("window_start"),
+            F.when(countable, F.pmod(F.xxhash64("key"), F.lit(SHARDS)))
+            .otherwise(F.lit(-1))
+            .cast("int")
+            .alias("shard"),
+            "key",
+            F.coalesce(F.col("ts"), F.lit(0)).alias("ts"),
+            F.col("id").isNotNull().alias("has_id"),
+            F.coalesce(F.xxhash64("id"), F.lit(0)).alias("id_hash"),
+            F.col("src_partition").cast("int").alias("src_partition"),
+            "src_offset",
+            "reason",
+            F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
+        )
+    )
+    return events.groupBy("window_start", "shard").transformWithStateInPandas(
+        statefulProcessor=SessionCounter(
+            spec.session_gap_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
         ),
         outputStructType=OUTPUT_SCHEMA,
         outputMode="Update",

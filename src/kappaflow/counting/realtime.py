@@ -14,6 +14,9 @@ whole batch: the source's partitions plus as many shuffle partitions.
 
 from __future__ import annotations
 
+import os
+import re
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -30,6 +33,19 @@ CHECKPOINT_INTERVAL = "5 seconds"
 def slots_needed(partitions: int) -> int:
     """Task slots the real-time query holds: source tasks plus aggregation tasks."""
     return 2 * partitions
+
+
+def realtime_master(settings: Settings, partitions: int) -> str:
+    """A local master with task slots for the real-time query on top of the usual ones.
+
+    Real-time mode holds a slot per task for as long as it runs; in local mode slots are
+    threads, so they are added. A cluster master is kept: it needs the free slots."""
+    master = settings.spark.master
+    found = re.fullmatch(r"local\[(\*|\d+)\]", master)
+    if found is None:
+        return master
+    cores = (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
+    return f"local[{cores + slots_needed(partitions)}]"
 
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:

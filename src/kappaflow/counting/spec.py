@@ -38,8 +38,10 @@ class CountSpec:
                 raise InputError(f"{label} {value!r} is not a field name")
         if (self.window_ms is None) == (self.session_gap_ms is None):
             raise InputError("give exactly one of --window and --session-gap")
-        if self.session_gap_ms is not None:
-            raise InputError("session windows are not supported yet: use --window [--slide]")
+        if self.session_gap_ms is not None and self.session_gap_ms <= 0:
+            raise InputError("--session-gap must be positive")
+        if self.session_gap_ms is not None and self.realtime:
+            raise InputError("--realtime counts fixed windows: use --window with it")
         if self.window_ms is not None and self.window_ms <= 0:
             raise InputError("--window must be positive")
         if self.slide_ms is not None:

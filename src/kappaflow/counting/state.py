@@ -7,6 +7,7 @@ the job's checkpoint holds for its last committed batch, without disturbing the 
 from __future__ import annotations
 
 from kappaflow.counting.processor import decode_counts
+from kappaflow.counting.sessions import decode_sessions
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
 from kappaflow.errors import JobError
@@ -23,14 +24,29 @@ def read_state(settings: Settings, job: str) -> list[WindowCount]:
     if not (checkpoint / "commits").exists():
         raise JobError(f"job {job!r} has no committed state yet in {checkpoint}")
     spark = build_session(settings, app_name=f"kappaflow:state:{job}")
+    sessions = spec.session_gap_ms is not None
     frame = (
         spark.read.format("statestore")
         .option("path", str(checkpoint))
-        .option("stateVarName", "window")
+        .option("stateVarName", "sessions" if sessions else "window")
         .load()
     )
     windows: list[WindowCount] = []
     for row in frame.collect():
+        if sessions:
+            held = decode_sessions(row["value"]["sessions"]).to_dict("records")
+            windows.extend(
+                WindowCount(
+                    str(s["key"]),
+                    int(s["start"]),
+                    int(s["end"]),
+                    int(s["count"]),
+                    int(s["version"]),
+                    bool(s["final"]),
+                )
+                for s in held
+            )
+            continue
         start = int(row["key"]["window_start"])
         counts = decode_counts(row["value"]["counts"])
         final = bool(row["value"]["final"])

@@ -48,6 +48,9 @@ end
 return 1
 """
 
+#: Where session jobs count the sessions they hold (sessions.SESSIONS_BUCKET).
+SESSIONS = -2
+
 #: Redis commands sent per round trip.
 PIPELINE = 2000
 
@@ -106,7 +109,7 @@ class CountStore:
         state, so writing them again leaves the same values: the changes need no fence.
         The bookkeeping adds up, so it is fenced by the batch id.
         """
-        values: dict[str, dict[str, str]] = {}
+        values: dict[str, dict[str, str | None]] = {}
         for key, start, end, count, version, final in zip(
             changes.keys,
             changes.starts,
@@ -117,16 +120,25 @@ class CountStore:
             strict=True,
         ):
             # The last change of a (key, window) in the batch has its highest version.
+            # A session merged into another is retracted to 0: its window is gone.
             values.setdefault(key, {})[str(start)] = (
                 f'{{"end": {end}, "count": {count}, "version": {version}, '
                 f'"final": {"true" if final else "false"}}}'
+                if count
+                else None
             )
         names = list(values)
         for at in range(0, len(names), PIPELINE):
             pipe = self.client.pipeline(transaction=False)
             chunk = names[at : at + PIPELINE]
             for key in chunk:
-                pipe.hset(self.prefix + "w:" + key, mapping=values[key])  # type: ignore[arg-type]
+                name = self.prefix + "w:" + key
+                kept = {field: v for field, v in values[key].items() if v is not None}
+                if kept:
+                    pipe.hset(name, mapping=kept)  # type: ignore[arg-type]
+                gone = [field for field, v in values[key].items() if v is None]
+                if gone:
+                    pipe.hdel(name, *gone)
             pipe.sadd(self.prefix + "keys", *chunk)
             pipe.execute()
         return bool(
@@ -162,9 +174,12 @@ class CountStore:
     def stats(self) -> dict[str, int]:
         raw = self.client.hgetall(self.prefix + "stats")
         values = {_text(k): int(v) for k, v in raw.items()}
-        held = [int(n) for n in self.client.hvals(self.prefix + "open")]
-        values["open_windows"] = len(held)
-        values["window_keys"] = sum(held)
+        held = {int(w): int(n) for w, n in self.client.hgetall(self.prefix + "open").items()}
+        if SESSIONS in held:  # session windows: each session is a window of one key
+            values["open_windows"] = values["window_keys"] = held[SESSIONS]
+        else:
+            values["open_windows"] = len(held)
+            values["window_keys"] = sum(held.values())
         return values
 
     def drop(self) -> None:

@@ -38,14 +38,18 @@ def slots_needed(partitions: int) -> int:
 def realtime_master(settings: Settings, partitions: int) -> str:
     """A local master with task slots for the real-time query on top of the usual ones.
 
-    Real-time mode holds a slot per task for as long as it runs; in local mode slots are
-    threads, so they are added. A cluster master is kept: it needs the free slots."""
+    Real-time mode holds a slot per task for as long as it runs, and fails when they are
+    not all free at once; in local mode slots are threads, so enough are added for the
+    micro-batch query's busiest stage besides. A cluster master is kept: it needs the
+    free slots."""
     master = settings.spark.master
     found = re.fullmatch(r"local\[(\*|\d+)\]", master)
     if found is None:
         return master
     cores = (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
-    return f"local[{cores + slots_needed(partitions)}]"
+    # A micro-batch stage may run as many tasks at once as it has partitions.
+    busiest = max(cores, partitions, settings.spark.shuffle_partitions)
+    return f"local[{busiest + slots_needed(partitions)}]"
 
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:

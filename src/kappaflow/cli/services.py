@@ -257,6 +257,66 @@ def bench_count(
     say(f"wrote {out_dir / 'result.json'}")
 
 
+@bench.command("count-scale")
+@click.option("--keys", default=1_000_000, show_default=True, help="distinct keys")
+@click.option("--rate", default=10_000, show_default=True, help="events/s, steady")
+@click.option("--seconds", default=180.0, show_default=True, help="how long to send")
+@click.option("--speedup", default=6, show_default=True, help="event time vs the clock")
+@click.option("--driver-memory", default="4g", show_default=True)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results/count-scale",
+    show_default=True,
+    type=click.Path(path_type=Path),
+)
+@pass_context
+def bench_count_scale(
+    ctx: Context,
+    keys: int,
+    rate: int,
+    seconds: float,
+    speedup: int,
+    driver_memory: str,
+    out_dir: Path,
+) -> None:
+    """Many distinct keys in 1-minute windows: state held, memory, over time."""
+    from kappaflow.bench.scale import run_scale
+
+    svc.up(ctx.settings)
+    result = run_scale(
+        ctx.settings,
+        keys=keys,
+        rate=rate,
+        seconds=seconds,
+        speedup=speedup,
+        driver_memory=driver_memory,
+        out_dir=out_dir,
+        overrides=ctx.overrides,
+    )
+    table(
+        "counting at scale",
+        ["seconds", "sent", "distinct keys sent", "processed", "keys held", "windows", "RSS"],
+        [
+            [
+                f"{s.at_s:.0f}",
+                f"{s.sent:,}",
+                f"{s.distinct_keys_sent:,}",
+                f"{s.processed:,}",
+                f"{s.window_keys:,}",
+                s.open_windows,
+                f"{s.rss_bytes / 2**30:.2f} GiB",
+            ]
+            for s in result.samples[:: max(1, len(result.samples) // 20)] + result.samples[-1:]
+        ],
+    )
+    say(
+        f"job {result.job_state}; {result.distinct_keys_sent:,} distinct keys; keys held at most "
+        f"{result.max_window_keys:,}; driver RSS at most {result.max_rss_bytes / 2**30:.2f} GiB"
+    )
+    say(f"wrote {out_dir / 'result.json'}")
+
+
 def _ms(value: float | None) -> str:
     return f"{value:.0f}ms" if value is not None else "-"
 

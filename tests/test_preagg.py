@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kappaflow.counting.preagg import fold_batches
+from kappaflow.counting.preagg import Folder
 
 
 def batch(rows: list[tuple[int, str | None, int, int | None, str | None]]) -> pa.RecordBatch:
@@ -33,12 +33,14 @@ def test_fold_counts_per_window_and_key() -> None:
         (0, "a", 4, 11, None),
         (-1, None, 5, None, "not valid JSON"),
     ]
-    folded = pa.Table.from_batches(list(fold_batches(iter([batch(rows[:3]), batch(rows[3:])]))))
+    folded = pa.Table.from_batches(
+        list(Folder(with_ids=True)(iter([batch(rows[:3]), batch(rows[3:])])))
+    )
     by_group = {(r["window_start"], r["key"]): r for r in folded.to_pylist() if r["reason"] is None}
     assert set(by_group) == {(0, "a"), (0, "b"), (60_000, "a")}
     a = by_group[(0, "a")]
     assert a["events"] == 3
-    assert sorted(a["offsets"]) == [0, 1, 4]
+    assert (a["first_offset"], a["last_offset"]) == (0, 4)
     assert sorted(a["ids"]) == [11, 11]  # the event without an id has no hash; dups stay
     assert by_group[(0, "b")]["ids"] == [12]
     dead = [r for r in folded.to_pylist() if r["reason"] is not None]
@@ -50,10 +52,19 @@ def test_fold_counts_per_window_and_key() -> None:
             "primary": True,
             "src_partition": 0,
             "events": 1,
-            "offsets": [5],
+            "first_offset": 5,
+            "last_offset": 5,
             "ids": None,
             "reason": "not valid JSON",
             "value": b"bad",
         }
     ]
     assert sum(r["events"] for r in folded.to_pylist()) == len(rows)
+
+
+def test_fold_without_ids_carries_none() -> None:
+    folded = pa.Table.from_batches(
+        list(Folder(with_ids=False)(iter([batch([(0, "a", 7, 1, None), (0, "a", 9, 2, None)])])))
+    )
+    assert folded.to_pylist()[0]["ids"] is None
+    assert folded.to_pylist()[0]["events"] == 2

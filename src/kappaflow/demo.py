@@ -140,6 +140,7 @@ def _stream(
     out = producer(settings.kafka)
     store = CountStore(redis_client(settings), JOB)
     sent_at: list[tuple[float, int]] = []
+    done_at: list[tuple[float, int]] = []
     started = time.monotonic()
     next_view = 0.0
     with Live(console=console, refresh_per_second=2) as live:
@@ -150,7 +151,7 @@ def _stream(
             out.poll(0)
             sent_at.append((time.monotonic(), clicks.sent))
             if elapsed >= next_view:
-                live.update(_view(store, jobs, clicks, sent_at, elapsed))
+                live.update(_view(store, jobs, clicks, sent_at, done_at, elapsed))
                 next_view = elapsed + 0.5
             time.sleep(0.02)
     out.flush(10)
@@ -161,10 +162,18 @@ def _view(
     jobs: JobManager,
     clicks: Clickstream,
     sent_at: list[tuple[float, int]],
+    done_at: list[tuple[float, int]],
     elapsed: float,
 ) -> Group:
     stats = store.stats()
     processed = sum(stats.get(k, 0) for k in ("counted", "duplicates", "late", "dlq"))
+    # The job's rate: events accounted for over the last five seconds or so.
+    now = time.monotonic()
+    done_at.append((now, processed))
+    while len(done_at) > 2 and now - done_at[1][0] >= 5.0:
+        done_at.pop(0)
+    then, before = done_at[0]
+    rate = f"{(processed - before) / (now - then):,.0f}/s" if now > then else "-"
     # End-to-end latency: how long ago the newest processed event was sent.
     index = bisect_left([count for _, count in sent_at], processed) if processed else None
     latency = (
@@ -176,10 +185,11 @@ def _view(
     head = Table(
         title=f"kappaflow demo: {elapsed:3.0f}s, job {jobs.get_state(JOB)}", title_justify="left"
     )
-    for column in ("sent", "counted", "dups", "late", "dlq", "watermark", "latency"):
+    for column in ("sent", "rate", "counted", "dups", "late", "dlq", "watermark", "latency"):
         head.add_column(column, justify="right")
     head.add_row(
         str(clicks.sent),
+        rate,
         str(stats.get("counted", 0)),
         str(stats.get("duplicates", 0)),
         str(stats.get("late", 0)),

@@ -15,7 +15,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.counting import realtime
 from kappaflow.counting.events import assign_windows, parse_events
-from kappaflow.counting.preagg import FOLDED_SCHEMA, fold_batches
+from kappaflow.counting.preagg import FOLDED_SCHEMA, Folder
 from kappaflow.counting.processor import DEAD_WINDOW, OUTPUT_SCHEMA, SHARDS, WindowCounter
 from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
@@ -48,7 +48,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         output.writeStream.queryName(ctx.name)
         .outputMode("update")
         .option("checkpointLocation", str(ctx.checkpoint_dir / "count"))
-        .foreachBatch(BatchWriter(ctx.settings, ctx.name, spec.source, store))
+        .foreachBatch(BatchWriter(ctx.settings, ctx.name, spec, store))
     )
     writer = (
         writer.trigger(availableNow=True)
@@ -105,7 +105,7 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
         "reason",
         F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
     )
-    folded = events.mapInArrow(fold_batches, FOLDED_SCHEMA)
+    folded = events.mapInArrow(Folder(with_ids=spec.id_field is not None), FOLDED_SCHEMA)
     return folded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=WindowCounter(
             spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None

@@ -2,9 +2,10 @@
 
 The stateful operator costs per row it receives, and most events of a batch repeat a
 (window, key) pair. This stateless step (``mapInArrow``, Arrow in and out) folds them,
-per Spark partition, into one row carrying how many events it stands for, their source
-offsets (so too-late events can still be reported one by one) and their id hashes (for
-``--id`` dedup). Records that cannot be counted pass through one by one.
+per Spark partition, into one row carrying how many events it stands for, the range of
+source offsets they came from (so that too-late events can be found again and reported
+one by one) and, with ``--id``, their id hashes for dedup. Records that cannot be
+counted pass through one by one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pyarrow.compute as pc
 #: What this step emits, and the stateful operator gets.
 FOLDED_SCHEMA = (
     "window_start BIGINT, shard INT, key STRING, primary BOOLEAN, src_partition INT, "
-    "events BIGINT, offsets ARRAY<BIGINT>, ids ARRAY<BIGINT>, reason STRING, value BINARY"
+    "events BIGINT, first_offset BIGINT, last_offset BIGINT, ids ARRAY<BIGINT>, "
+    "reason STRING, value BINARY"
 )
 #: Rows folded at once; bounds the Python worker's memory on a huge batch.
 FOLD_ROWS = 500_000
@@ -32,7 +34,8 @@ _OUT = pa.schema(
         ("primary", pa.bool_()),
         ("src_partition", pa.int32()),
         ("events", pa.int64()),
-        ("offsets", pa.list_(pa.int64())),
+        ("first_offset", pa.int64()),
+        ("last_offset", pa.int64()),
         ("ids", pa.list_(pa.int64())),
         ("reason", pa.string()),
         ("value", pa.binary()),
@@ -40,31 +43,41 @@ _OUT = pa.schema(
 )
 
 
-def fold_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+class Folder:
     """The ``mapInArrow`` function: input columns are those of ``_GROUP`` plus
     ``src_offset``, ``id_hash`` (null without an id), ``reason`` and ``value``."""
+
+    def __init__(self, with_ids: bool) -> None:
+        self.with_ids = with_ids
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return fold_batches(batches, self.with_ids)
+
+
+def fold_batches(batches: Iterator[pa.RecordBatch], with_ids: bool) -> Iterator[pa.RecordBatch]:
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in batches:
         pending.append(batch)
         rows += batch.num_rows
         if rows >= FOLD_ROWS:
-            yield from fold(pa.Table.from_batches(pending))
+            yield from fold(pa.Table.from_batches(pending), with_ids)
             pending, rows = [], 0
     if pending:
-        yield from fold(pa.Table.from_batches(pending))
+        yield from fold(pa.Table.from_batches(pending), with_ids)
 
 
-def fold(table: pa.Table) -> Iterator[pa.RecordBatch]:
+def fold(table: pa.Table, with_ids: bool) -> Iterator[pa.RecordBatch]:
     dead = pc.is_valid(table["reason"])
     if pc.any(dead).as_py():
         yield from _dead(table.filter(dead))
         table = table.filter(pc.invert(dead))
     if table.num_rows == 0:
         return
-    folded = table.group_by(_GROUP, use_threads=False).aggregate(
-        [("src_offset", "count"), ("src_offset", "list"), ("id_hash", "list")]
-    )
+    aggregates = [("src_offset", "count"), ("src_offset", "min"), ("src_offset", "max")]
+    if with_ids:
+        aggregates.append(("id_hash", "list"))
+    folded = table.group_by(_GROUP, use_threads=False).aggregate(aggregates)
     n = folded.num_rows
     yield from pa.table(
         {
@@ -74,8 +87,11 @@ def fold(table: pa.Table) -> Iterator[pa.RecordBatch]:
             "primary": folded["primary"],
             "src_partition": folded["src_partition"],
             "events": folded["src_offset_count"],
-            "offsets": folded["src_offset_list"],
-            "ids": _without_nulls(folded["id_hash_list"].combine_chunks()),
+            "first_offset": folded["src_offset_min"],
+            "last_offset": folded["src_offset_max"],
+            "ids": _without_nulls(folded["id_hash_list"].combine_chunks())
+            if with_ids
+            else pa.nulls(n, pa.list_(pa.int64())),
             "reason": pa.nulls(n, pa.string()),
             "value": pa.nulls(n, pa.binary()),
         },
@@ -103,9 +119,8 @@ def _dead(table: pa.Table) -> Iterator[pa.RecordBatch]:
             "primary": table["primary"],
             "src_partition": table["src_partition"],
             "events": pa.array([1] * n, pa.int64()),
-            "offsets": pa.array(
-                [[o] for o in table["src_offset"].to_pylist()], pa.list_(pa.int64())
-            ),
+            "first_offset": table["src_offset"],
+            "last_offset": table["src_offset"],
             "ids": pa.nulls(n, pa.list_(pa.int64())),
             "reason": table["reason"],
             "value": table["value"],

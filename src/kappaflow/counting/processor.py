@@ -43,7 +43,7 @@ DEAD_WINDOW = -1
 OUTPUT_SCHEMA = (
     "kind STRING, key STRING, window_start BIGINT, window_end BIGINT, count BIGINT, "
     "previous BIGINT, version BIGINT, watermark BIGINT, counted BIGINT, duplicates BIGINT, "
-    "reason STRING, value BINARY, src_partition INT, src_offset BIGINT"
+    "reason STRING, value BINARY, src_partition INT, src_offset BIGINT, src_offset_end BIGINT"
 )
 COLUMNS = [part.split()[0] for part in OUTPUT_SCHEMA.split(", ")]
 STATE_SCHEMA = "counts BINARY, ids BINARY, final BOOLEAN"
@@ -226,28 +226,31 @@ class WindowCounter(StatefulProcessor):
             reason=folded["reason"].tolist(),
             value=folded["value"].tolist(),
             src_partition=folded["src_partition"].to_numpy(),
-            src_offset=np.array([offsets[0] for offsets in folded["offsets"]], dtype="int64"),
+            src_offset=folded["first_offset"].to_numpy(dtype="int64"),
+            src_offset_end=folded["first_offset"].to_numpy(dtype="int64"),
         )
 
     def _late(self, late: pd.DataFrame, start: int, end: int, watermark: int) -> pd.DataFrame:
-        """Each too-late event once, through its newest window, with the watermark."""
+        """The too-late events, through their newest window, with the watermark: one row
+        per folded row, with its number of events (``count``) and offset range, from which
+        the batch writer reads them back to report each one."""
         reason = (
             f"too late: window {iso(from_epoch_ms(start))}/{iso(from_epoch_ms(end))} "
             f"stopped taking corrections {self.lateness_ms} ms after the watermark "
             f"passed its end (watermark {iso(from_epoch_ms(watermark))})"
         )
-        sizes = late["events"].to_numpy(dtype="int64")
-        offsets = np.concatenate(list(late["offsets"])).astype("int64") if len(late) else _NO_IDS
-        n = len(offsets)
+        n = len(late)
         return _window_rows(
             LATE,
-            np.repeat(late["key"].to_numpy(dtype=object), sizes).tolist(),
+            late["key"].tolist(),
             start,
             end,
             watermark,
+            count=late["events"].to_numpy(dtype="int64"),
             reason=[reason] * n,
-            src_partition=np.repeat(late["src_partition"].to_numpy(dtype="int32"), sizes),
-            src_offset=offsets,
+            src_partition=late["src_partition"].to_numpy(dtype="int32"),
+            src_offset=late["first_offset"].to_numpy(dtype="int64"),
+            src_offset_end=late["last_offset"].to_numpy(dtype="int64"),
         )
 
     def handleExpiredTimer(

@@ -199,7 +199,9 @@ class SessionCounter(StatefulProcessor):
             watermark=np.full(n, watermark),
             reason=[reason] * n,
             src_partition=late["src_partition"].to_numpy(dtype="int32"),
+            count=np.ones(n, dtype="int64"),
             src_offset=late["src_offset"].to_numpy(dtype="int64"),
+            src_offset_end=late["src_offset"].to_numpy(dtype="int64"),
         )
 
     def close(self) -> None:
@@ -338,4 +340,5 @@ def _dead(events: pd.DataFrame) -> pd.DataFrame:
         value=events["value"].tolist(),
         src_partition=events["src_partition"].to_numpy(dtype="int32"),
         src_offset=events["src_offset"].to_numpy(dtype="int64"),
+        src_offset_end=events["src_offset"].to_numpy(dtype="int64"),
     )

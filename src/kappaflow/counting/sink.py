@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from kappaflow.counting.processor import CHANGE_KINDS, CLOSED, DEAD, LATE, PROVISIONAL, STATS
+from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import Changes, CountStore
-from kappaflow.errors import KafkaError
+from kappaflow.errors import JobError, KafkaError
 from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -48,10 +50,11 @@ def topics_of(job: str) -> dict[str, str]:
 class BatchWriter:
     """The ``foreachBatch`` function of a counting job."""
 
-    def __init__(self, settings: Settings, job: str, source: str, store: CountStore) -> None:
+    def __init__(self, settings: Settings, job: str, spec: CountSpec, store: CountStore) -> None:
         self.settings = settings
         self.job = job
-        self.source = source
+        self.spec = spec
+        self.source = spec.source
         self.store = store
         self.topics = topics_of(job)
         self.producer = Producer(
@@ -78,7 +81,7 @@ class BatchWriter:
         changes = table.filter(pc.is_in(kind, pa.array(CHANGE_KINDS))).sort_by(
             [("key", "ascending"), ("window_start", "ascending"), ("version", "ascending")]
         )
-        late = table.filter(pc.equal(kind, LATE)).to_pylist()
+        late = self._late_events(frame, table.filter(pc.equal(kind, LATE)).to_pylist())
         dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
         counted = table.filter(pc.equal(kind, STATS))
         closed = table.filter(pc.equal(kind, CLOSED))
@@ -140,10 +143,8 @@ class BatchWriter:
                     json.dumps([change["key"], change.pop("_start")], ensure_ascii=False),
                     change,
                 )
-            originals = self._originals(late)
             for r in late:
-                original = originals.get((r["src_partition"], r["src_offset"]))
-                self._send(self.topics["late"], r["key"], self._late(r, original))
+                self._send(self.topics["late"], r["key"], self._late(r))
             for r in dead:
                 self._send(self.topics["dlq"], None, self._dead(r))
             self._send(self.topics["commits"], "batch", {"batch_id": batch_id, **stats})
@@ -164,21 +165,69 @@ class BatchWriter:
             except BufferError:
                 self.producer.poll(0.2)
 
-    def _originals(self, rows: list[dict[str, Any]]) -> dict[tuple[int, int], bytes]:
-        """The original bytes of (rare) late events, read back from the source topic."""
-        wanted = {(r["src_partition"], r["src_offset"]) for r in rows}
-        found: dict[tuple[int, int], bytes] = {}
-        if not wanted:
-            return found
-        reader = consumer(self.settings.kafka, **{"enable.partition.eof": False})
-        try:
-            for partition, offset in sorted(wanted):
-                reader.assign([TopicPartition(self.source, partition, offset)])
-                message = reader.poll(self.settings.kafka.timeout_s)
-                if message is not None and message.error() is None:
-                    found[(partition, offset)] = message.value() or b""
-        finally:
-            reader.close()
+    def _late_events(self, frame: DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each too-late event, read back from the source with its original bytes.
+
+        The state processor reports too-late events folded: per key, window and source
+        partition, how many, and the range of offsets they span in this batch. Every
+        event in that range with that key and that window as its newest is one of them
+        (the range lies within the batch, and the whole window is too late), so reading
+        the range again and parsing it with the same expressions finds exactly those.
+        """
+        if not rows:
+            return []
+        from kappaflow.counting.events import parse_events
+
+        ranges: dict[int, tuple[int, int]] = {}
+        for r in rows:
+            low, high = ranges.get(r["src_partition"], (r["src_offset"], r["src_offset_end"]))
+            ranges[r["src_partition"]] = (
+                min(low, r["src_offset"]),
+                max(high, r["src_offset_end"]),
+            )
+        raw = (
+            frame.sparkSession.read.format("kafka")
+            .options(**self.settings.kafka.spark_kafka_options())
+            .option("assign", json.dumps({self.source: sorted(ranges)}))
+            .option(
+                "startingOffsets",
+                json.dumps({self.source: {str(p): low for p, (low, _) in ranges.items()}}),
+            )
+            .option(
+                "endingOffsets",
+                json.dumps({self.source: {str(p): high + 1 for p, (_, high) in ranges.items()}}),
+            )
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+        )
+        events = (
+            parse_events(raw, self.spec)
+            .where(F.col("reason").isNull() & F.col("key").isin(sorted({r["key"] for r in rows})))
+            .select("key", "ts", "value", "src_partition", "src_offset")
+            .collect()
+        )
+        sessions = self.spec.session_gap_ms is not None
+        found: list[dict[str, Any]] = []
+        for r in rows:
+            # The times whose newest window this is (for sessions: the event's own interval).
+            low = r["window_start"] if sessions else r["window_end"] - self.spec.step_ms
+            matches = [
+                e
+                for e in events
+                if e["src_partition"] == r["src_partition"]
+                and r["src_offset"] <= e["src_offset"] <= r["src_offset_end"]
+                and e["key"] == r["key"]
+                and low <= e["ts"] < r["window_end"]
+            ]
+            if len(matches) != r["count"]:
+                raise JobError(
+                    f"found {len(matches)} of the {r['count']} too-late events of key "
+                    f"{r['key']!r} in partition {r['src_partition']} offsets "
+                    f"{r['src_offset']}-{r['src_offset_end']}: not publishing a partial batch"
+                )
+            found.extend(
+                {**r, "src_offset": e["src_offset"], "value": bytes(e["value"])} for e in matches
+            )
         return found
 
     def _last_committed_batch(self) -> int:
@@ -204,14 +253,14 @@ class BatchWriter:
         finally:
             reader.close()
 
-    def _late(self, r: dict[str, Any], original: bytes | None) -> dict[str, Any]:
+    def _late(self, r: dict[str, Any]) -> dict[str, Any]:
         return {
             "reason": r["reason"],
             "watermark": iso(from_epoch_ms(r["watermark"])),
             "key": r["key"],
             "window_start": iso(from_epoch_ms(r["window_start"])),
             "window_end": iso(from_epoch_ms(r["window_end"])),
-            "event": original.decode("utf-8", errors="replace") if original is not None else None,
+            "event": r["value"].decode("utf-8", errors="replace"),
             "source_topic": self.source,
             "source_partition": r["src_partition"],
             "source_offset": r["src_offset"],

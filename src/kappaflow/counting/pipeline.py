@@ -12,6 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from kappaflow.counting import realtime
 from kappaflow.counting.events import assign_windows, parse_events
@@ -106,14 +107,8 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
         F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
     )
     folded = events.mapInArrow(Folder(with_ids=spec.id_field is not None), FOLDED_SCHEMA)
-    return folded.groupBy("window_start", "shard").transformWithStateInPandas(
-        statefulProcessor=WindowCounter(
-            spec.size_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
-        ),
-        outputStructType=OUTPUT_SCHEMA,
-        outputMode="Update",
-        timeMode="EventTime",
-    )
+    dedup = spec.id_field is not None
+    return _counted(folded, WindowCounter(spec.size_ms, spec.allowed_lateness_ms, dedup))
 
 
 def build_sessions(raw: DataFrame, spec: CountSpec) -> DataFrame:
@@ -143,10 +138,14 @@ def build_sessions(raw: DataFrame, spec: CountSpec) -> DataFrame:
             F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
         )
     )
-    return events.groupBy("window_start", "shard").transformWithStateInPandas(
-        statefulProcessor=SessionCounter(
-            spec.session_gap_ms, spec.allowed_lateness_ms, dedup=spec.id_field is not None
-        ),
+    dedup = spec.id_field is not None
+    return _counted(events, SessionCounter(spec.session_gap_ms, spec.allowed_lateness_ms, dedup))
+
+
+def _counted(rows: DataFrame, processor: StatefulProcessor) -> DataFrame:
+    """``rows`` through ``processor``, one group per (window_start, shard), by event time."""
+    return rows.groupBy("window_start", "shard").transformWithStateInPandas(
+        statefulProcessor=processor,
         outputStructType=OUTPUT_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",

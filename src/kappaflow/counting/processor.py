@@ -56,7 +56,7 @@ CHANGE_KINDS = (PROVISIONAL, FINAL, CORRECTION)
 _LONGS = [c for c in COLUMNS if f"{c} BIGINT" in OUTPUT_SCHEMA]
 
 
-def _frame(n: int, **columns: Any) -> pd.DataFrame:
+def output_rows(n: int, **columns: Any) -> pd.DataFrame:
     """``n`` output rows; columns not given are 0 (numbers), -1 (partition) or null."""
     data: dict[str, Any] = {}
     for column in COLUMNS:
@@ -80,7 +80,7 @@ def _window_rows(
 ) -> pd.DataFrame:
     """Rows of one kind about ``keys`` of the window [start, end), at ``watermark``."""
     n = len(keys)
-    return _frame(
+    return output_rows(
         n,
         kind=[kind] * n,
         key=keys,
@@ -93,7 +93,12 @@ def _window_rows(
 
 def encode_counts(counts: pd.DataFrame) -> bytes:
     """A shard's table (index key; columns count, version) as Arrow IPC bytes."""
-    table = pa.Table.from_pandas(counts.reset_index(), preserve_index=False)
+    return arrow_bytes(counts.reset_index())
+
+
+def arrow_bytes(frame: pd.DataFrame) -> bytes:
+    """A DataFrame (without its index) as Arrow IPC stream bytes, for a state value."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -106,8 +111,11 @@ def decode_counts(blob: bytes | None) -> pd.DataFrame:
             {"count": pd.Series(dtype="int64"), "version": pd.Series(dtype="int64")},
             index=pd.Index([], name="key", dtype="object"),
         )
-    table = pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
-    frame: pd.DataFrame = table.to_pandas().set_index("key")
+    return arrow_frame(blob).set_index("key")
+
+
+def arrow_frame(blob: bytes) -> pd.DataFrame:
+    frame: pd.DataFrame = pa.ipc.open_stream(pa.py_buffer(blob)).read_all().to_pandas()
     return frame
 
 
@@ -151,7 +159,7 @@ class WindowCounter(StatefulProcessor):
         added = pd.Series(fresh, index=folded["key"].to_numpy()).groupby(level=0).sum()
         added = added[added > 0]
         new_keys = int((~added.index.isin(counts.index)).sum())
-        stats = _frame(
+        stats = output_rows(
             1,
             kind=[STATS],
             window_start=[start],
@@ -220,7 +228,7 @@ class WindowCounter(StatefulProcessor):
     @staticmethod
     def _dead(folded: pd.DataFrame) -> pd.DataFrame:
         n = len(folded)
-        return _frame(
+        return output_rows(
             n,
             kind=[DEAD] * n,
             reason=folded["reason"].tolist(),

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -43,7 +42,9 @@ from kappaflow.counting.processor import (
     LATE,
     PROVISIONAL,
     STATS,
-    _frame,
+    arrow_bytes,
+    arrow_frame,
+    output_rows,
 )
 from kappaflow.counting.store import SESSIONS
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -63,26 +64,16 @@ _SESSION_COLUMNS = {
 }
 
 
-def encode(frame: pd.DataFrame) -> bytes:
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
 def decode_sessions(blob: bytes | None) -> pd.DataFrame:
     if not blob:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _SESSION_COLUMNS.items()})
-    frame: pd.DataFrame = pa.ipc.open_stream(pa.py_buffer(blob)).read_all().to_pandas()
-    return frame
+    return arrow_frame(blob)
 
 
 def _decode_ids(blob: bytes | None) -> pd.DataFrame:
     if not blob:
         return pd.DataFrame({"hash": pd.Series(dtype="int64"), "ts": pd.Series(dtype="int64")})
-    frame: pd.DataFrame = pa.ipc.open_stream(pa.py_buffer(blob)).read_all().to_pandas()
-    return frame
+    return arrow_frame(blob)
 
 
 class SessionCounter(StatefulProcessor):
@@ -115,7 +106,7 @@ class SessionCounter(StatefulProcessor):
         late = fresh & (times < watermark - self.lateness_ms) & ~touching
         counted = fresh & ~late
         frames = [
-            _frame(
+            output_rows(
                 1,
                 kind=[STATS],
                 window_start=[SESSIONS_BUCKET],
@@ -158,7 +149,7 @@ class SessionCounter(StatefulProcessor):
         gone = sessions["end"] + self.lateness_ms <= watermark
         if gone.any():
             frames.append(
-                _frame(
+                output_rows(
                     1,
                     kind=[CLOSED],
                     window_start=[SESSIONS_BUCKET],
@@ -179,7 +170,7 @@ class SessionCounter(StatefulProcessor):
         if sessions.empty:
             self.state.clear()
             return
-        self.state.update((encode(sessions.reset_index(drop=True)), encode(ids)))
+        self.state.update((arrow_bytes(sessions.reset_index(drop=True)), arrow_bytes(ids)))
         due = np.where(sessions["final"], sessions["end"] + self.lateness_ms, sessions["end"])
         self.handle.registerTimer(int(due.min()))
 
@@ -190,7 +181,7 @@ class SessionCounter(StatefulProcessor):
             f"({iso(from_epoch_ms(watermark))}) and touching no session still held"
         )
         times = late["ts"].to_numpy(dtype="int64")
-        return _frame(
+        return output_rows(
             n,
             kind=[LATE] * n,
             key=late["key"].tolist(),
@@ -318,7 +309,7 @@ def _changes(
     watermark: int,
 ) -> pd.DataFrame:
     n = len(sessions)
-    return _frame(
+    return output_rows(
         n,
         kind=kind if isinstance(kind, list) else [kind] * n,
         key=sessions["key"].tolist(),
@@ -333,7 +324,7 @@ def _changes(
 
 def _dead(events: pd.DataFrame) -> pd.DataFrame:
     n = len(events)
-    return _frame(
+    return output_rows(
         n,
         kind=[DEAD] * n,
         reason=events["reason"].tolist(),

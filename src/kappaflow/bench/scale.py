@@ -1,11 +1,11 @@
 """The counting scale run: a million distinct keys, 1-minute windows, a 4 GiB driver.
 
-Events over ``keys`` distinct keys are sent open loop at ``rate`` per second, their event
-time running ``speedup`` times faster than the clock, so that many 1-minute windows open
-and close within the run. Every two seconds the run samples the job's own account of its
-state (``count status``: keys held per window, the state store's rows and bytes) and the
-memory of the driver's process tree. State bounded by the watermark shows as keys held
-levelling off while the distinct keys seen keep growing.
+Events over ``keys`` distinct keys (each key in turn, scrambled) are sent open loop at
+``rate`` per second, their event time running ``speedup`` times faster than the clock.
+Every two seconds the run samples the job's own account of its state (``count status``:
+keys held per window, the state store's rows and bytes) and the memory of the driver's
+process tree. State bounded by the watermark shows as keys held levelling off, and
+falling as windows are forgotten, while the distinct keys seen keep growing.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.spark.jobs import JobManager
+
+#: A prime, so that stepping by it visits every key before repeating one (for any number
+#: of keys it does not divide).
+STRIDE = 7_919
 
 
 @dataclass
@@ -83,7 +87,7 @@ def run_scale(
     record = jobs.start(name, "count", spec.to_params(), overrides={**overrides, "spark": spark})
     store = CountStore(redis_client(settings), name)
     result = ScaleResult(keys, rate, seconds, speedup, driver_memory)
-    rng = random.Random(5)
+    offset = random.Random(5).randrange(keys)
     out = producer(settings.kafka, **{"linger.ms": 20, "compression.type": "lz4"})
     seen: set[int] = set()
     origin_ms = int(time.time() * 1000)
@@ -95,7 +99,8 @@ def run_scale(
             due = int((now - started) * rate) - sent
             stamp = origin_ms + int((now - started) * 1000 * speedup)
             for _ in range(max(0, due)):
-                key = rng.randrange(keys)
+                # Every key in turn, in a scrambled order: n events reach min(n, keys) keys.
+                key = (sent * STRIDE + offset) % keys
                 seen.add(key)
                 value = json.dumps({"key": f"k{key}", "ts": stamp, "pad": PAD})
                 while True:

@@ -259,9 +259,9 @@ def bench_count(
 
 @bench.command("count-scale")
 @click.option("--keys", default=1_000_000, show_default=True, help="distinct keys")
-@click.option("--rate", default=10_000, show_default=True, help="events/s, steady")
-@click.option("--seconds", default=180.0, show_default=True, help="how long to send")
-@click.option("--speedup", default=6, show_default=True, help="event time vs the clock")
+@click.option("--rate", default=5_000, show_default=True, help="events/s, steady")
+@click.option("--seconds", default=240.0, show_default=True, help="how long to send")
+@click.option("--speedup", default=1, show_default=True, help="event time vs the clock")
 @click.option("--driver-memory", default="4g", show_default=True)
 @click.option(
     "--out",

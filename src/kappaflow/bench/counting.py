@@ -28,11 +28,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from kappaflow.counting.realtime import realtime_master
+from kappaflow.counting.sink import topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.kafka.topics import create_topic, topic_partitions
+from kappaflow.kafka.topics import create_topic, delete_topic, list_topics, topic_partitions
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
@@ -166,6 +167,7 @@ def measure_throughput(
     elapsed = time.perf_counter() - started
     if jobs.get_state(name) == "running":
         jobs.stop(name)
+    clean_up(settings, [], [name])
     return events / elapsed, elapsed
 
 
@@ -211,6 +213,7 @@ def measure_latency(
     finally:
         out.flush(30)
         jobs.stop(name)
+        clean_up(settings, [topic], [name])
     # The first fifth is the climb from an empty pipeline; keep the steady part.
     return samples[len(samples) // 5 :]
 
@@ -263,6 +266,7 @@ def measure_realtime_latency(
         ]
     finally:
         jobs.stop(name)
+        clean_up(settings, [topic], [name])
     return samples[len(samples) // 10 :]
 
 
@@ -279,6 +283,17 @@ def _realtime_records(settings: Settings, job: str, since_ms: int) -> list[tuple
         if latest >= since_ms:
             found.append((message.timestamp()[1], latest))
     return found
+
+
+def clean_up(settings: Settings, topics: list[str], jobs: list[str]) -> None:
+    """Drop what a benchmark created: its topics, its jobs' output topics and Redis keys."""
+    existing = {t["name"] for t in list_topics(settings.kafka)}
+    for job in jobs:
+        topics.extend(topics_of(job).values())
+        CountStore(redis_client(settings), job).drop()
+    for topic in topics:
+        if topic in existing:
+            delete_topic(settings.kafka, topic)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -324,6 +339,7 @@ def run(
     result.realtime_samples = len(realtime_ms)
     result.realtime_p50_ms = percentile(realtime_ms, 0.5)
     result.realtime_p99_ms = percentile(realtime_ms, 0.99)
+    clean_up(settings, [topic], [])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     if samples:

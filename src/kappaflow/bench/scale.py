@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from kappaflow.bench.counting import PAD
+from kappaflow.bench.counting import PAD, clean_up
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import producer
@@ -133,8 +133,10 @@ def run_scale(
         result.job_state = jobs.get_state(name)
         if result.job_state == "running":
             jobs.stop(name)
+        processed = _processed(store)
+        clean_up(settings, [topic], [name])
     result.events_sent, result.distinct_keys_sent = sent, len(seen)
-    result.events_processed = _processed(store)
+    result.events_processed = processed
     result.max_window_keys = max((s.window_keys for s in result.samples), default=0)
     result.last_window_keys = result.samples[-1].window_keys if result.samples else 0
     result.max_rss_bytes = max((s.rss_bytes for s in result.samples), default=0)

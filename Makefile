@@ -9,7 +9,7 @@ STATE_DIR ?= .kappaflow
 # jars when their POMs change (kappaflow setup checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
-.PHONY: setup demo test lint format bench clean prereqs
+.PHONY: setup demo test lint format bench bench-scale clean prereqs
 
 setup: $(VENV_STAMP)
 	@$(BIN)/kappaflow --state-dir $(STATE_DIR) setup
@@ -42,6 +42,10 @@ test: setup lint
 # Long runs with printed figures and result files under bench-results/; never part of test.
 bench: setup
 	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count --events 1000000 --out bench-results/count
+
+# A million distinct keys in 1-minute windows, a 4 GiB driver: about five minutes.
+bench-scale: setup
+	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count-scale --out bench-results/count-scale
 
 clean:
 	-$(BIN)/kappaflow --state-dir $(STATE_DIR) down 2>/dev/null

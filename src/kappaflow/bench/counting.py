@@ -322,6 +322,8 @@ def run(
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        # Other work on the machine shows here; the figures are only as quiet as this.
+        "load_average_at_start": os.getloadavg()[0],
     }
     result.produce_rate = produce_backlog(settings, topic, events, keys)
     result.ceiling_consumer_rate = ceiling_consumer(settings, topic, events)
@@ -340,6 +342,7 @@ def run(
     result.realtime_p50_ms = percentile(realtime_ms, 0.5)
     result.realtime_p99_ms = percentile(realtime_ms, 0.99)
     clean_up(settings, [topic], [])
+    result.machine["load_average_at_end"] = os.getloadavg()[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     if samples:

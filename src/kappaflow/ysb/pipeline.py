@@ -19,7 +19,8 @@ mode a window's count is written as it grows, never held back for the watermark.
 
 Parameters: ``source``; ``mode`` (``microbatch`` or ``realtime``); ``sink`` (``redis``
 or ``kafka``); ``dest`` (the topic, with ``sink=kafka``); ``watermark``; ``flush_ms``;
-``starting_offsets`` (default ``earliest``).
+``batch`` (real-time mode's batch duration, default 30s); ``starting_offsets``
+(default ``earliest``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ from kappaflow.ysb.workload import EVENT_SCHEMA, WINDOW_MS
 
 MODES = ("microbatch", "realtime")
 SINKS = ("redis", "kafka")
-#: How long a real-time batch runs before Spark checkpoints and starts the next one.
-REALTIME_BATCH = "5 seconds"
+#: How long a real-time batch runs before Spark checkpoints and starts the next one
+#: (parameter ``batch``). Every new batch launches its tasks again, which stalls output
+#: for a while on a busy machine: longer batches mean fewer stalls, a longer replay
+#: after a crash.
+REALTIME_BATCH = "30s"
 
 
 @register("ysb")
@@ -85,7 +89,8 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         .option("checkpointLocation", str(ctx.checkpoint_dir / "ysb"))
     )
     if mode == "realtime":
-        writer = writer.trigger(realTime=REALTIME_BATCH)  # type: ignore[call-overload]
+        batch_s = parse_duration(ctx.param("batch", REALTIME_BATCH)).total_seconds()
+        writer = writer.trigger(realTime=f"{batch_s} seconds")  # type: ignore[call-overload]
     else:
         writer = writer.trigger(processingTime="0 seconds")
     return [writer.start()]

@@ -128,13 +128,17 @@ def machine() -> dict[str, Any]:
 def write_outputs(
     out_dir: Path, result: RunResult, stats: Sequence[WindowStat], measured_from_ms: int
 ) -> list[Path]:
-    """result.json, seen.txt, updated.txt (one line per window, in the same order) and
-    latency.png."""
+    """result.json, seen.txt and updated.txt (one line per window, in the same order),
+    windows.csv (the same windows with their campaign and start) and latency.png."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     (out_dir / "seen.txt").write_text("".join(f"{s.seen_count}\n" for s in stats))
     (out_dir / "updated.txt").write_text("".join(f"{s.updated}\n" for s in stats))
-    written = [out_dir / name for name in ("result.json", "seen.txt", "updated.txt")]
+    (out_dir / "windows.csv").write_text(
+        "campaign,window_start,seen_count,time_updated\n"
+        + "".join(f"{s.campaign},{s.window_start},{s.seen_count},{s.time_updated}\n" for s in stats)
+    )
+    written = [out_dir / n for n in ("result.json", "seen.txt", "updated.txt", "windows.csv")]
     plot = out_dir / "latency.png"
     plot_latency(plot, result, stats, measured_from_ms)
     written.append(plot)

@@ -142,6 +142,20 @@ def test_windows_in_the_original_layout(serving: Settings) -> None:
     assert stats[(campaigns[0], 10_000)].updated == 11_000
 
 
+def test_batch_counts_are_added_once(serving: Settings) -> None:
+    store = connect(serving.redis.effective_url)
+    campaigns = new_setup(store, random.Random(4))
+    writer = WindowWriter(store)
+    assert writer.add([(campaigns[0], 0, 3)], now_ms=10_100, fence=("job", 0))
+    assert writer.add([(campaigns[0], 0, 2), (campaigns[1], 0, 1)], 10_200, fence=("job", 1))
+    # Batch 1 again (Spark replaying it after a crash), from a new writer: skipped.
+    assert not WindowWriter(store).add([(campaigns[0], 0, 2)], 10_300, fence=("job", 1))
+    assert WindowWriter(store).add([(campaigns[0], 0, 1)], 10_400, fence=("other", 1))
+    stats = {s.campaign: (s.seen_count, s.time_updated) for s in get_stats(store)}
+    assert stats == {campaigns[0]: (6, 10_400), campaigns[1]: (1, 10_200)}
+    assert ad_campaigns(store) == {}  # the fences are no ads
+
+
 def test_check_recomputes_every_window_from_the_log(
     kafka: Settings, new_topic: Callable[..., str]
 ) -> None:
@@ -201,7 +215,7 @@ def test_bench_ysb_misuse(kafka: Settings, tmp_path: Path) -> None:
     assert "--rate" in line
     bad_rate = ("bench", "ysb", "--engine", "spark", "--rate", "0", "--duration", "5")
     assert "--rate" in one_line_error(run_kappaflow(kafka, *bad_rate, "--out", out), 2)
-    warm = run_kappaflow(kafka, *base, "--engine", "spark", "--warmup", "9")
+    warm = run_kappaflow(kafka, *base, "--engine", "spark", "--warmup", "90")
     assert "--warmup" in one_line_error(warm, 2)
     assert not (tmp_path / "out").exists()
 

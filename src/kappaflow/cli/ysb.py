@@ -57,7 +57,12 @@ def embedded_services(settings: Settings) -> Iterator[None]:
     type=click.FloatRange(min=0),
     default=10.0,
     show_default=True,
-    help="seconds of windows left out of the latency figures",
+    help="seconds of events at --rate sent and counted before the measured run",
+)
+@click.option(
+    "--aggregate",
+    type=click.Choice(["batch", "state"]),
+    help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
 )
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--partitions", type=click.IntRange(min=1), default=2, show_default=True)
@@ -70,6 +75,7 @@ def ysb(
     rate: int,
     duration: float,
     warmup: float,
+    aggregate: str | None,
     processes: int,
     partitions: int,
     out_dir: Path,
@@ -77,7 +83,7 @@ def ysb(
     """One Yahoo Streaming Benchmark run: windows' latency, rates and a correctness check."""
     from kappaflow.ysb.bench import RunSpec, run
 
-    spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup)
+    spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate)
     spec.validate()
     with embedded_services(ctx.settings):
         result = run(ctx.settings, spec, out_dir, overrides=ctx.overrides, say=say)
@@ -92,6 +98,11 @@ def ysb(
 
 @click.command("ysb-generator")
 @click.option("--events", type=click.IntRange(min=1), default=3_000_000, show_default=True)
+@click.option(
+    "--aggregate",
+    type=click.Choice(["batch", "state"]),
+    help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
+)
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--partitions", type=click.IntRange(min=1), default=2, show_default=True)
 @pass_context

@@ -9,6 +9,7 @@ up in Redis on first sight; the table holds the same pairs either way).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kappaflow.errors import ConfigError
+from kappaflow.errors import ConfigError, TopicNotFoundError
 from kappaflow.kafka.topics import create_topic, delete_topic
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
@@ -26,8 +27,8 @@ from kappaflow.spark.jobs import JobManager
 from kappaflow.ysb.check import compare, expected_counts
 from kappaflow.ysb.generator import generate, run_processes
 from kappaflow.ysb.results import (
+    KafkaWindows,
     RunResult,
-    kafka_stats,
     latency_summary,
     machine,
     window_latencies,
@@ -48,7 +49,8 @@ SINKS = ("redis", "kafka")
 #: and how long its output may stay unchanged before we stop waiting for it.
 DRAIN_TIMEOUT_S = 120.0
 DRAIN_QUIET_S = 15.0
-PRIME_RATE = 2_000
+#: The least warm-up: a fresh job's first batch pays 10-20 s of start-up by itself.
+PRIME_MIN_EVENTS = 2_000
 PRIME_TIMEOUT_S = 180.0
 
 
@@ -61,6 +63,8 @@ class RunSpec:
     processes: int = 1
     partitions: int = 2
     warmup_s: float = 10.0
+    #: Micro-batch with the Redis sink only: "batch" (stateless, the default) or "state".
+    aggregate: str | None = None
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -74,8 +78,12 @@ class RunSpec:
             raise ConfigError("--duration must be positive")
         if self.processes < 1 or self.partitions < 1:
             raise ConfigError("--processes and --partitions must be at least 1")
-        if not 0 <= self.warmup_s < self.duration_s:
-            raise ConfigError("--warmup must be at least 0 and shorter than --duration")
+        if self.aggregate is not None and (self.engine, self.sink) != ("spark", "redis"):
+            raise ConfigError("--aggregate applies to --engine spark with --sink redis only")
+        if self.aggregate not in (None, "batch", "state"):
+            raise ConfigError(f"unknown aggregate {self.aggregate!r}: batch or state")
+        if not 0 <= self.warmup_s <= 60:
+            raise ConfigError("--warmup must be between 0 and 60 seconds")
 
 
 def spark_overrides(settings: Settings, spec: RunSpec) -> dict[str, Any]:
@@ -105,6 +113,8 @@ def run(
     create_topic(settings.kafka, topic, partitions=spec.partitions)
     topics = [topic]
     params = {"source": topic, "mode": ENGINES[spec.engine], "sink": spec.sink}
+    if spec.aggregate is not None:
+        params["aggregate"] = spec.aggregate
     if spec.sink == "kafka":
         # The broker stamps each output record when it appends it: latency is measured
         # on the broker's clock, as the later Databricks and Flink comparisons did.
@@ -125,7 +135,7 @@ def run(
         rate_offered=spec.rate,
         duration_s=spec.duration_s,
         versions=versions(settings, store),
-        machine=machine(),
+        machine={**machine(), "load_average_at_start": os.getloadavg()},
         config={
             "partitions": spec.partitions,
             "generator_processes": spec.processes,
@@ -134,14 +144,19 @@ def run(
             "spark": job_overrides["spark"],
         },
     )
+    output: KafkaWindows | None = None
     try:
         say(f"starting job {job} ({spec.engine}, sink {spec.sink})")
         jobs.start(job, "ysb", params, overrides=job_overrides)
 
-        def read() -> list[WindowStat]:
-            return kafka_stats(settings.kafka, dest) if spec.sink == "kafka" else get_stats(store)
+        if spec.sink == "kafka":
+            output = KafkaWindows(settings.kafka, dest)
 
-        _prime(settings, topic, ads[0], read)
+        def read() -> list[WindowStat]:
+            return get_stats(store) if output is None else output.read()
+
+        say(f"warming up: {max(PRIME_MIN_EVENTS, int(spec.rate * spec.warmup_s)):,} events")
+        _prime(settings, topic, ads[0], read, spec)
         say(f"generating {spec.rate:,} events/s for {spec.duration_s:g}s")
         gen = run_processes(
             settings.kafka.client_config(),
@@ -161,18 +176,25 @@ def run(
         stats = _drain(read, expected.views)
         result.drain_s = round(time.monotonic() - generated_at, 1)
     finally:
+        if output is not None:
+            output.close()
         if jobs.get_state(job) in ("running", "starting"):
             jobs.stop(job)
-        for name in topics:
-            delete_topic(settings.kafka, name)
+        # The real-time job's relay topic (<job>.windows) exists only with that engine.
+        for name in [*topics, f"{job}.windows"]:
+            with contextlib.suppress(TopicNotFoundError):
+                delete_topic(settings.kafka, name)
         shutil.rmtree(settings.checkpoint_root / job, ignore_errors=True)
     actual = {(s.campaign, s.window_start): s.seen_count for s in stats}
     mismatches = compare(expected.counts, actual)
+    result.machine["load_average_at_end"] = os.getloadavg()
     result.windows = len(stats)
     result.mismatched_windows = len(mismatches)
     result.mismatches = [m.as_json() for m in mismatches[:20]]
     first = gen.first_event_ms or 0
-    measured_from = first + int(spec.warmup_s * 1000)
+    # Full windows of the measured schedule only: the first, partial one also holds
+    # warm-up events.
+    measured_from = first
     latencies = window_latencies(stats, measured_from)
     result.windows_measured = len(latencies)
     result.latency_ms = latency_summary(latencies)
@@ -186,21 +208,29 @@ def run(
 
 
 def _prime(
-    settings: Settings, topic: str, ads: list[str], read: Callable[[], list[WindowStat]]
+    settings: Settings,
+    topic: str,
+    ads: list[str],
+    read: Callable[[], list[WindowStat]],
+    spec: RunSpec,
 ) -> None:
-    """A second of events at a low rate, and wait until the engine has written a window.
+    """Warm the engine up: ``warmup_s`` of events at the run's rate, all counted, first.
 
     A fresh Spark job's first batches pay for class loading and code generation (10 to
-    20 s here); measured from a cold start, that would be the whole story. These events
-    are ordinary YSB events, earlier than the measured ones: the check counts them, the
-    latency figures leave them out with the warm-up.
+    20 s here) and its code stays slow until the JIT has compiled the hot paths;
+    measured from a cold start, that would be the whole story. The warm-up events are
+    ordinary YSB events, earlier than the measured ones: the check counts them, the
+    latency figures leave their windows out.
     """
-    generate(settings.kafka.client_config(), topic, rate=PRIME_RATE, duration_s=1.0, ads=ads)
+    events = max(PRIME_MIN_EVENTS, int(spec.rate * spec.warmup_s))
+    rate = events if spec.warmup_s == 0 else spec.rate
+    generate(settings.kafka.client_config(), topic, rate=rate, duration_s=events / rate, ads=ads)
+    views = expected_counts(settings.kafka, topic, dict.fromkeys(ads, "-")).views
     wait_for(
-        lambda: True if any(s.seen_count for s in read()) else None,
+        lambda: True if sum(s.seen_count for s in read()) >= views else None,
         timeout=PRIME_TIMEOUT_S,
         interval=0.5,
-        what="the engine's first window",
+        what="the engine to count the warm-up events",
     )
 
 

@@ -5,20 +5,29 @@ Kafka -> parse JSON -> keep views -> (ad_id, event_time) -> join ad_id to campai
 campaign per 10-second event-time window -> Redis in the original layout, or a Kafka
 topic.
 
-Both modes run the same plan: a streaming aggregation in update mode, whose updated
-windows are written as they change, each with its running count.
+Two ways to count (``aggregate``):
 
-- ``mode=microbatch``: micro-batches back to back; each batch's updated windows are
-  collected on the driver and written in one pipelined Redis round trip.
+- ``batch`` (micro-batch mode with the Redis sink, the default there): as the original
+  Spark job did, each micro-batch counts its own views per window and adds them to
+  Redis, fenced by the batch id. Stateless: no state store to load and commit per batch.
+- ``state``: Spark's streaming aggregation in update mode, its running counts in the
+  state store; every window that changed is written with its running count. Real-time
+  mode and the Kafka sink use this.
+
+Modes:
+
+- ``mode=microbatch``: micro-batches back to back; the windows a batch touched are
+  collected on the driver and written in one Redis transaction.
 - ``mode=realtime``: Spark 4.3's real-time mode; long-running tasks emit an updated
-  window for every event, and a foreach writer on the executors coalesces them and
-  writes Redis every ``flush_ms`` (the original engines flush every second).
+  window for every event. With the Redis sink they go to the topic ``<job>.windows``
+  and a relay thread in the driver writes them to Redis as it polls them (relay.py
+  says why not a foreach writer).
 
 The event-time watermark (``watermark``, default 60 s) only bounds the state: in update
 mode a window's count is written as it grows, never held back for the watermark.
 
 Parameters: ``source``; ``mode`` (``microbatch`` or ``realtime``); ``sink`` (``redis``
-or ``kafka``); ``dest`` (the topic, with ``sink=kafka``); ``watermark``; ``flush_ms``;
+or ``kafka``); ``dest`` (the topic, with ``sink=kafka``); ``aggregate``; ``watermark``;
 ``batch`` (real-time mode's batch duration, default 30s); ``starting_offsets``
 (default ``earliest``).
 """
@@ -26,17 +35,17 @@ or ``kafka``); ``dest`` (the topic, with ``sink=kafka``); ``watermark``; ``flush
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.errors import JobError
-from kappaflow.kafka.topics import topic_partitions
+from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.pipelines.base import JobContext, Pipeline, register
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.timeutil import parse_duration
+from kappaflow.ysb.relay import WindowRelay
 from kappaflow.ysb.store import YSB_DB, WindowWriter, ad_campaigns, connect
 from kappaflow.ysb.workload import EVENT_SCHEMA, WINDOW_MS
 
@@ -64,10 +73,9 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         raise JobError(f"invalid sink {sink!r}: {' or '.join(SINKS)}")
     try:
         watermark_s = parse_duration(ctx.param("watermark", "60s")).total_seconds()
-        flush_ms = int(ctx.param("flush_ms", "20"))
     except ValueError as exc:
         raise JobError(f"invalid parameter: {exc}") from None
-    topic_partitions(ctx.settings.kafka, source)  # fails clearly if the topic is missing
+    partitions = len(topic_partitions(ctx.settings.kafka, source))  # fails if it is missing
     redis_url = ctx.settings.redis.effective_url
     table = ad_campaigns(connect(redis_url))
     if not table:
@@ -75,17 +83,32 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     raw = read_stream(
         ctx.spark, ctx.settings, source, starting_offsets=ctx.param("starting_offsets", "earliest")
     )
-    counts = build(ctx.spark, raw, table, watermark_s)
-    if sink == "kafka":
+    aggregate = ctx.param(
+        "aggregate", "batch" if (mode, sink) == ("microbatch", "redis") else "state"
+    )
+    if aggregate == "batch" and (mode, sink) != ("microbatch", "redis"):
+        raise JobError("aggregate=batch needs mode=microbatch and sink=redis")
+    if aggregate not in ("batch", "state"):
+        raise JobError(f"invalid aggregate {aggregate!r}: batch or state")
+    windowed = assign_windows(ctx.spark, raw, table)
+    counts = count_windows(windowed, watermark_s)
+    output_mode = "update"
+    if aggregate == "batch":
+        writer = windowed.writeStream.foreachBatch(BatchDeltaWriter(redis_url, ctx.name))
+        output_mode = "append"
+    elif sink == "kafka":
         dest = ctx.param("dest")
         writer = write_stream(as_records(counts), ctx.settings, dest)
     elif mode == "realtime":
-        writer = counts.writeStream.foreach(RedisForeachWriter(redis_url, flush_ms))
+        relayed = f"{ctx.name}.windows"
+        create_topic(ctx.settings.kafka, relayed, partitions=partitions, exist_ok=True)
+        writer = write_stream(as_records(counts), ctx.settings, relayed)
+        WindowRelay(ctx.settings.kafka, relayed, redis_url).start()
     else:
         writer = counts.writeStream.foreachBatch(BatchRedisWriter(redis_url))
     writer = (
         writer.queryName(ctx.name)
-        .outputMode("update")
+        .outputMode(output_mode)
         .option("checkpointLocation", str(ctx.checkpoint_dir / "ysb"))
     )
     if mode == "realtime":
@@ -96,10 +119,8 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     return [writer.start()]
 
 
-def build(
-    spark: SparkSession, raw: DataFrame, table: dict[str, str], watermark_s: float
-) -> DataFrame:
-    """(campaign_id, window_start ms, seen_count) of every window that changed."""
+def assign_windows(spark: SparkSession, raw: DataFrame, table: dict[str, str]) -> DataFrame:
+    """(campaign_id, window_start ms) of every view: parse, filter, project, join, bucket."""
     events = raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e")).select(
         "e.*"
     )
@@ -107,11 +128,17 @@ def build(
     campaigns = spark.createDataFrame(sorted(table.items()), "ad_id STRING, campaign_id STRING")
     joined = views.join(F.broadcast(campaigns), "ad_id")
     start = F.floor(F.col("event_time").cast("long") / WINDOW_MS) * WINDOW_MS
-    windows = joined.select("campaign_id", F.timestamp_millis(start).alias("window")).withWatermark(
-        "window", f"{int(watermark_s * 1000)} milliseconds"
-    )
+    return joined.select("campaign_id", start.alias("window_start"))
+
+
+def count_windows(windowed: DataFrame, watermark_s: float) -> DataFrame:
+    """(campaign_id, window_start ms, seen_count) of every window that changed: Spark's
+    streaming aggregation, its running counts in the job's state store."""
+    with_time = windowed.select(
+        "campaign_id", F.timestamp_millis(F.col("window_start")).alias("window")
+    ).withWatermark("window", f"{int(watermark_s * 1000)} milliseconds")
     return (
-        windows.groupBy("campaign_id", "window")
+        with_time.groupBy("campaign_id", "window")
         .agg(F.count(F.lit(1)).alias("seen_count"))
         .select(
             "campaign_id",
@@ -137,6 +164,24 @@ def as_records(counts: DataFrame) -> DataFrame:
     )
 
 
+class BatchDeltaWriter:
+    """foreachBatch, as the original Spark job: count each micro-batch's views per window
+    and add the counts to Redis, with the batch id as a fence so that a batch Spark runs
+    again after a crash is not added twice. No state store: nothing to load or commit."""
+
+    def __init__(self, redis_url: str, job: str) -> None:
+        self.writer = WindowWriter(connect(redis_url, YSB_DB))
+        self.job = job
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        rows = batch.groupBy("campaign_id", "window_start").count().collect()
+        self.writer.add(
+            ((r["campaign_id"], r["window_start"], r["count"]) for r in rows),
+            time.time_ns() // 1_000_000,
+            fence=(self.job, batch_id),
+        )
+
+
 class BatchRedisWriter:
     """foreachBatch: a micro-batch's updated windows, written from the driver."""
 
@@ -150,42 +195,3 @@ class BatchRedisWriter:
                 ((r["campaign_id"], r["window_start"], r["seen_count"]) for r in rows),
                 time.time_ns() // 1_000_000,
             )
-
-
-class RedisForeachWriter:
-    """foreach for real-time mode: runs on the executors, once per partition and batch.
-
-    Every event updates its window and Spark hands over the updated row at once; writing
-    each to Redis would be a round trip per view, so rows are coalesced per window and
-    flushed when ``flush_ms`` has passed since the last write, and at the batch's end.
-    """
-
-    def __init__(self, redis_url: str, flush_ms: int) -> None:
-        self.redis_url = redis_url
-        self.flush_ns = flush_ms * 1_000_000
-        self._writer: WindowWriter | None = None
-        self._pending: dict[tuple[str, int], int] = {}
-        self._last = 0
-
-    def open(self, partition_id: int, epoch_id: int) -> bool:
-        self._writer = WindowWriter(connect(self.redis_url, YSB_DB))
-        self._pending = {}
-        self._last = time.monotonic_ns()
-        return True
-
-    def process(self, row: Row) -> None:
-        self._pending[(row["campaign_id"], row["window_start"])] = row["seen_count"]
-        now = time.monotonic_ns()
-        if now - self._last >= self.flush_ns:
-            self._flush()
-            self._last = now
-
-    def close(self, error: Any) -> None:
-        self._flush()
-
-    def _flush(self) -> None:
-        if self._pending and self._writer is not None:
-            self._writer.write(
-                ((c, w, n) for (c, w), n in self._pending.items()), time.time_ns() // 1_000_000
-            )
-            self._pending = {}

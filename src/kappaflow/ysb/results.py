@@ -14,13 +14,18 @@ import json
 import math
 import os
 import platform
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from kappaflow.errors import KafkaError
+from kappaflow.kafka.clients import consumer
+from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
-from kappaflow.ysb.check import read_all
 from kappaflow.ysb.store import WindowStat
 from kappaflow.ysb.workload import WINDOW_MS
 
@@ -94,15 +99,49 @@ def latency_summary(latencies: Sequence[int]) -> dict[str, int | None]:
     return summary
 
 
-def kafka_stats(kafka: KafkaSettings, topic: str) -> list[WindowStat]:
-    """The Kafka sink's windows: each window's last record, its count and timestamp."""
-    latest: dict[tuple[str, int], WindowStat] = {}
-    for message in read_all(kafka, topic):
-        record = json.loads(message.value() or b"{}")
-        key = (str(record["campaign_id"]), int(record["window_start"]))
-        # A campaign's records share a partition (keyed by campaign), in write order.
-        latest[key] = WindowStat(key[0], key[1], int(record["seen_count"]), message.timestamp()[1])
-    return sorted(latest.values(), key=lambda s: (s.window_start, s.campaign))
+class KafkaWindows:
+    """The Kafka sink's windows: each window's last record, its count and timestamp.
+
+    Keeps its consumer between calls: every ``read`` goes on from where the last one
+    stopped, up to the end the topic has when it is called.
+    """
+
+    def __init__(self, kafka: KafkaSettings, topic: str) -> None:
+        self.kafka = kafka
+        self.topic = topic
+        self._reader = consumer(kafka, **{"enable.partition.eof": False})
+        self._parts = topic_partitions(kafka, topic)
+        self._reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self._parts])
+        self._next = dict.fromkeys(self._parts, 0)
+        self._latest: dict[tuple[str, int], WindowStat] = {}
+
+    def read(self, timeout_s: float = 120) -> list[WindowStat]:
+        ends = {}
+        for part in self._parts:
+            _, high = self._reader.get_watermark_offsets(
+                TopicPartition(self.topic, part), timeout=self.kafka.timeout_s
+            )
+            if high > self._next[part]:
+                ends[part] = high
+        deadline = time.monotonic() + timeout_s
+        while any(self._next[p] < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise KafkaError(f"reading {self.topic!r} took more than {timeout_s:.0f}s")
+            for message in self._reader.consume(10_000, timeout=1.0):
+                got, offset = message.partition(), message.offset()
+                if message.error() is not None or got is None or offset is None:
+                    continue
+                self._next[got] = offset + 1
+                record = json.loads(message.value() or b"{}")
+                key = (str(record["campaign_id"]), int(record["window_start"]))
+                # A campaign's records share a partition (keyed by campaign), in order.
+                self._latest[key] = WindowStat(
+                    key[0], key[1], int(record["seen_count"]), message.timestamp()[1]
+                )
+        return sorted(self._latest.values(), key=lambda s: (s.window_start, s.campaign))
+
+    def close(self) -> None:
+        self._reader.close()
 
 
 def machine() -> dict[str, Any]:

@@ -13,9 +13,10 @@ campaigns             SET     the 100 campaign ids
 ```
 
 Two differences from the original writer, neither visible to the latency method:
-window ids are UUIDs derived from (campaign, window) rather than random, and
-``seen_count`` is set to the engine's running count rather than incremented by a delta.
-Both make a repeated write (a micro-batch replayed after a crash) harmless.
+window ids are UUIDs derived from (campaign, window) rather than random, and a writer
+either sets ``seen_count`` to a running count or increments it by a batch's count
+under a batch-id fence (``kappaflow:fences``). Both make a repeated write (a
+micro-batch replayed after a crash) harmless.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from kappaflow.errors import ServiceError
 from kappaflow.ysb.workload import ADS_PER_CAMPAIGN, CAMPAIGNS
 
 YSB_DB = 1
+#: Hash of writer -> last batch id applied (a hash, so the ad table's scan skips it).
+FENCES = "kappaflow:fences"
 _IDS = uuid.UUID("5f0c3d52-41b7-4c1e-9b38-3f2f6f0b9a11")
 
 
@@ -114,6 +117,33 @@ class WindowWriter:
             )
         pipe.execute()
         return len(rows)
+
+    def add(
+        self, deltas: Iterable[tuple[str, int, int]], now_ms: int, *, fence: tuple[str, int]
+    ) -> bool:
+        """Add ``deltas`` (campaign, window start ms, views) to the windows' counts, once.
+
+        ``fence`` is (writer, batch id): a batch id not above the last one this writer
+        applied is skipped, and the counts and the new fence are applied in one
+        MULTI/EXEC, so a batch is added exactly once even when it is retried.
+        Returns False if the batch was already applied.
+        """
+        writer, batch_id = fence
+        done = self.store.hget(FENCES, writer)
+        if done is not None and int(done) >= batch_id:
+            return False
+        rows = list(deltas)
+        new = [(c, w) for c, w, _ in rows if (c, w) not in self._known]
+        if new:
+            self._create(new)
+        pipe = self.store.pipeline(transaction=True)
+        for campaign, start, count in rows:
+            wid = window_id(campaign, start)
+            pipe.hincrby(wid, "seen_count", count)
+            pipe.hset(wid, "time_updated", now_ms)
+        pipe.hset(FENCES, writer, batch_id)
+        pipe.execute()
+        return True
 
     def _create(self, windows: Sequence[tuple[str, int]]) -> None:
         pipe = self.store.pipeline(transaction=False)

@@ -220,6 +220,13 @@ def test_bench_ysb_misuse(kafka: Settings, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_ysb_generator_prints_its_maximum_rate(serving: Settings) -> None:
+    result = run_kappaflow(serving, "bench", "ysb-generator", "--events", "20000")
+    assert result.code == 0, result.err
+    assert re.search(r"maximum rate\W+[0-9,]+ events/s", result.out), result.out
+    assert not any(t.startswith("ysb.") for t in _topics(serving))
+
+
 @pytest.mark.timeout(300)
 def test_bench_ysb_micro_batch_end_to_end(serving: Settings, tmp_path: Path) -> None:
     out = tmp_path / "run"

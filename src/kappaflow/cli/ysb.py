@@ -98,11 +98,6 @@ def ysb(
 
 @click.command("ysb-generator")
 @click.option("--events", type=click.IntRange(min=1), default=3_000_000, show_default=True)
-@click.option(
-    "--aggregate",
-    type=click.Choice(["batch", "state"]),
-    help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
-)
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--partitions", type=click.IntRange(min=1), default=2, show_default=True)
 @pass_context

@@ -64,6 +64,12 @@ def embedded_services(settings: Settings) -> Iterator[None]:
     type=click.Choice(["batch", "state"]),
     help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
 )
+@click.option(
+    "--rt-batch",
+    type=float,
+    metavar="SECONDS",
+    help="spark-rt: how long each real-time batch runs [default: 30]",
+)
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--partitions", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False))
@@ -76,6 +82,7 @@ def ysb(
     duration: float,
     warmup: float,
     aggregate: str | None,
+    rt_batch: float | None,
     processes: int,
     partitions: int,
     out_dir: Path,
@@ -83,7 +90,7 @@ def ysb(
     """One Yahoo Streaming Benchmark run: windows' latency, rates and a correctness check."""
     from kappaflow.ysb.bench import RunSpec, run
 
-    spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate)
+    spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch)
     spec.validate()
     with embedded_services(ctx.settings):
         result = run(ctx.settings, spec, out_dir, overrides=ctx.overrides, say=say)

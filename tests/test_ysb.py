@@ -257,8 +257,9 @@ def test_bench_ysb_micro_batch_end_to_end(serving: Settings, tmp_path: Path) -> 
     updated = (out / "updated.txt").read_text().split()
     assert len(updated) == summary["windows"]
     assert summary["latency_ms"]["p50"] is not None and summary["windows_measured"] > 0
-    assert summary["versions"]["kappaflow_engine"].startswith("pyspark 4.3")
+    assert summary["versions"]["engine"].startswith("pyspark 4.3")
     assert (out / "latency.png").stat().st_size > 0
+    assert "running" in (out / "engine.log").read_text()  # the Spark driver's log, kept
     # The run cleaned up after itself: its topics are deleted.
     wait_for(
         lambda: True if not any(t.startswith("ysb.") for t in _topics(serving)) else None,

@@ -43,9 +43,9 @@ def embedded_services(settings: Settings) -> Iterator[None]:
 @click.command("ysb")
 @click.option(
     "--engine",
-    type=click.Choice(["spark", "spark-rt"]),
+    type=click.Choice(["spark", "spark-rt", "quix"]),
     required=True,
-    help="spark: micro-batch; spark-rt: Spark's real-time mode",
+    help="spark: micro-batch; spark-rt: Spark's real-time mode; quix: Quix Streams (peer)",
 )
 @click.option("--sink", type=click.Choice(["redis", "kafka"]), default="redis", show_default=True)
 @click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -23,8 +22,8 @@ from kappaflow.errors import ConfigError, TopicNotFoundError
 from kappaflow.kafka.topics import create_topic, delete_topic
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 from kappaflow.ysb.check import compare, expected_counts
+from kappaflow.ysb.engines import Engine, QuixEngine, SparkEngine
 from kappaflow.ysb.generator import generate, run_processes
 from kappaflow.ysb.results import (
     KafkaWindows,
@@ -43,7 +42,7 @@ from kappaflow.ysb.store import (
     new_setup,
 )
 
-ENGINES = {"spark": "microbatch", "spark-rt": "realtime"}
+ENGINES = {"spark": "microbatch", "spark-rt": "realtime", "quix": "-"}
 SINKS = ("redis", "kafka")
 #: After the generator stops, how long the engine may take to account for every view,
 #: and how long its output may stay unchanged before we stop waiting for it.
@@ -133,27 +132,31 @@ def run(
         topics.append(dest)
         params["dest"] = dest
     job = f"ysb-{spec.engine}-{run_id}"
-    jobs = JobManager(settings)
     job_overrides = _merge(overrides, spark_overrides(settings, spec))
+    engine: Engine
+    if spec.engine == "quix":
+        engine = QuixEngine(settings, job, params)
+    else:
+        engine = SparkEngine(settings, job, params, job_overrides)
     result = RunResult(
         engine=spec.engine,
         sink=spec.sink,
         rate_offered=spec.rate,
         duration_s=spec.duration_s,
-        versions=versions(settings, store),
+        versions={**engine.versions(), **versions(settings, store)},
         machine={**machine(), "load_average_at_start": os.getloadavg()},
         config={
             "partitions": spec.partitions,
             "generator_processes": spec.processes,
             "warmup_s": spec.warmup_s,
             "job_params": params,
-            "spark": job_overrides["spark"],
+            **({} if spec.engine == "quix" else {"spark": job_overrides["spark"]}),
         },
     )
     output: KafkaWindows | None = None
     try:
-        say(f"starting job {job} ({spec.engine}, sink {spec.sink})")
-        jobs.start(job, "ysb", params, overrides=job_overrides)
+        say(f"starting {job} ({spec.engine}, sink {spec.sink})")
+        engine.start()
 
         if spec.sink == "kafka":
             output = KafkaWindows(settings.kafka, dest)
@@ -184,13 +187,11 @@ def run(
     finally:
         if output is not None:
             output.close()
-        if jobs.get_state(job) in ("running", "starting"):
-            jobs.stop(job)
-        # The real-time job's relay topic (<job>.windows) exists only with that engine.
-        for name in [*topics, f"{job}.windows"]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        engine.stop(out_dir / "engine.log")
+        for name in topics:
             with contextlib.suppress(TopicNotFoundError):
                 delete_topic(settings.kafka, name)
-        shutil.rmtree(settings.checkpoint_root / job, ignore_errors=True)
     actual = {(s.campaign, s.window_start): s.seen_count for s in stats}
     mismatches = compare(expected.counts, actual)
     result.machine["load_average_at_end"] = os.getloadavg()
@@ -260,7 +261,7 @@ def versions(settings: Settings, store: Any) -> dict[str, str]:
     import pyspark
 
     info = {
-        "kappaflow_engine": "pyspark " + pyspark.__version__,
+        "pyspark": pyspark.__version__,
         "confluent_kafka": str(confluent_kafka.version()),
         "librdkafka": confluent_kafka.libversion()[0],
     }

@@ -237,9 +237,10 @@ def test_bench_ysb_micro_batch_end_to_end(serving: Settings, tmp_path: Path) -> 
         "--engine",
         "spark",
         "--rate",
-        "3000",
+        "2000",
+        # At least one full 10 s window, the only kind the latency figures count.
         "--duration",
-        "12",
+        "25",
         "--warmup",
         "0",
         "--out",
@@ -250,9 +251,10 @@ def test_bench_ysb_micro_batch_end_to_end(serving: Settings, tmp_path: Path) -> 
     summary = json.loads((out / "result.json").read_text())
     assert summary["engine"] == "spark" and summary["sink"] == "redis"
     assert summary["mismatched_windows"] == 0
-    assert summary["events"] >= 36_000 and summary["rate_achieved"] > 2_500
-    # 12 s of events span 2 or 3 windows for each of the 100 campaigns, plus the priming.
-    assert 200 <= summary["windows"] <= 500
+    assert summary["events"] >= 52_000 and summary["rate_achieved"] > 1_800
+    # 25 s of events span 3 or 4 windows for each of the 100 campaigns, and the warm-up
+    # second 1 or 2 more.
+    assert 300 <= summary["windows"] <= 700
     assert summary["views"] == sum(map(int, (out / "seen.txt").read_text().split()))
     updated = (out / "updated.txt").read_text().split()
     assert len(updated) == summary["windows"]

@@ -71,7 +71,13 @@ def embedded_services(settings: Settings) -> Iterator[None]:
     help="spark-rt: how long each real-time batch runs [default: 30]",
 )
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--partitions", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="of the events topic, and Spark's shuffle partitions (the original used 1)",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False))
 @pass_context
 def ysb(

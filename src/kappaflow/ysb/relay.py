@@ -44,6 +44,15 @@ class WindowRelay:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        try:
+            self._relay()
+        except Exception as exc:
+            # A thread's death is silent: say it in the driver's log, where the job's
+            # other failures go, and leave the windows where they were.
+            print(f"relay {self.topic} -> Redis stopped: {type(exc).__name__}: {exc}", flush=True)
+            raise
+
+    def _relay(self) -> None:
         reader = consumer(
             self.kafka,
             **{

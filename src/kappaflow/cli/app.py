@@ -77,10 +77,12 @@ def cli(
 
 
 def _register() -> None:
-    from kappaflow.cli import count, data, jobs, services, topics
+    from kappaflow.cli import count, data, jobs, services, topics, ysb
 
     for command in (*services.COMMANDS, topics.topics, *data.COMMANDS, jobs.jobs, *count.COMMANDS):
         cli.add_command(command)
+    for command in ysb.COMMANDS:
+        services.bench.add_command(command)
 
 
 _register()

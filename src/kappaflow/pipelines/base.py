@@ -70,3 +70,4 @@ def _load_builtin() -> None:
     # Imported lazily so that importing kappaflow does not import every pipeline.
     from kappaflow.counting import pipeline  # noqa: F401
     from kappaflow.pipelines import clean  # noqa: F401
+    from kappaflow.ysb import pipeline as ysb  # noqa: F401

@@ -1,0 +1,286 @@
+"""One YSB run: set up, start the engine, generate, drain, check, measure, clean up.
+
+The order matters for the join: the campaigns and every generator process's ads are
+written to Redis before the engine starts, because the Spark job reads the whole table
+once at start-up and broadcasts it (the original engines instead looked an unknown ad
+up in Redis on first sight; the table holds the same pairs either way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kappaflow.errors import ConfigError, TopicNotFoundError
+from kappaflow.kafka.topics import create_topic, delete_topic
+from kappaflow.procs import wait_for
+from kappaflow.settings import Settings
+from kappaflow.ysb.check import compare, expected_counts
+from kappaflow.ysb.engines import Engine, QuixEngine, SparkEngine
+from kappaflow.ysb.generator import generate, run_processes
+from kappaflow.ysb.results import (
+    KafkaWindows,
+    RunResult,
+    latency_summary,
+    machine,
+    window_latencies,
+    write_outputs,
+)
+from kappaflow.ysb.store import (
+    WindowStat,
+    ad_campaigns,
+    connect,
+    get_stats,
+    new_ads,
+    new_setup,
+)
+
+ENGINES = {"spark": "microbatch", "spark-rt": "realtime", "quix": "-"}
+SINKS = ("redis", "kafka")
+#: After the generator stops, how long the engine may take to account for every view,
+#: and how long its output may stay unchanged before we stop waiting for it.
+DRAIN_TIMEOUT_S = 120.0
+DRAIN_QUIET_S = 15.0
+#: The least warm-up: a fresh job's first batch pays 10-20 s of start-up by itself.
+PRIME_MIN_EVENTS = 2_000
+PRIME_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    engine: str
+    sink: str
+    rate: int
+    duration_s: float
+    processes: int = 1
+    #: The original's default, and the fastest here: on 2 cores, every extra task in a
+    #: micro-batch costs more in scheduling than it brings in parallelism.
+    partitions: int = 1
+    warmup_s: float = 10.0
+    #: Micro-batch with the Redis sink only: "batch" (stateless, the default) or "state".
+    aggregate: str | None = None
+    #: Real-time mode only: seconds each real-time batch runs (the pipeline's ``batch``).
+    rt_batch_s: float | None = None
+
+    def validate(self) -> None:
+        if self.engine not in ENGINES:
+            known = ", ".join(sorted(ENGINES))
+            raise ConfigError(f"unknown or not yet available engine {self.engine!r} ({known})")
+        if self.sink not in SINKS:
+            raise ConfigError(f"unknown sink {self.sink!r}: redis or kafka")
+        if self.rate < 1:
+            raise ConfigError("--rate must be at least 1 event per second")
+        if self.duration_s <= 0:
+            raise ConfigError("--duration must be positive")
+        if self.processes < 1 or self.partitions < 1:
+            raise ConfigError("--processes and --partitions must be at least 1")
+        if self.aggregate is not None and (self.engine, self.sink) != ("spark", "redis"):
+            raise ConfigError("--aggregate applies to --engine spark with --sink redis only")
+        if self.aggregate not in (None, "batch", "state"):
+            raise ConfigError(f"unknown aggregate {self.aggregate!r}: batch or state")
+        if self.rt_batch_s is not None and (self.engine != "spark-rt" or self.rt_batch_s < 1):
+            raise ConfigError("--rt-batch applies to --engine spark-rt and is at least 1 s")
+        if not 0 <= self.warmup_s <= 60:
+            raise ConfigError("--warmup must be between 0 and 60 seconds")
+
+
+def spark_overrides(settings: Settings, spec: RunSpec) -> dict[str, Any]:
+    """Spark settings for the job: few shuffle partitions (100 keys), and in real-time
+    mode enough local task slots for every partition of both stages at once."""
+    spark: dict[str, Any] = {"shuffle_partitions": spec.partitions}
+    if spec.engine == "spark-rt" and settings.spark.master.startswith("local"):
+        spark["master"] = f"local[{2 * spec.partitions}]"
+    return {"spark": spark}
+
+
+def run(
+    settings: Settings,
+    spec: RunSpec,
+    out_dir: Path,
+    *,
+    overrides: dict[str, Any],
+    say: Callable[[str], None],
+) -> RunResult:
+    spec.validate()
+    run_id = uuid.uuid4().hex[:8]
+    store = connect(settings.redis.effective_url)
+    rng = random.Random()
+    new_setup(store, rng)
+    ads = [new_ads(store, rng) for _ in range(spec.processes)]
+    topic, dest = f"ysb.ad-events.{run_id}", f"ysb.windows.{run_id}"
+    create_topic(settings.kafka, topic, partitions=spec.partitions)
+    topics = [topic]
+    params = {"source": topic, "mode": ENGINES[spec.engine], "sink": spec.sink}
+    if spec.aggregate is not None:
+        params["aggregate"] = spec.aggregate
+    if spec.rt_batch_s is not None:
+        params["batch"] = f"{spec.rt_batch_s:g}s"
+    if spec.sink == "kafka":
+        # The broker stamps each output record when it appends it: latency is measured
+        # on the broker's clock, as the later Databricks and Flink comparisons did.
+        create_topic(
+            settings.kafka,
+            dest,
+            partitions=spec.partitions,
+            configs={"message.timestamp.type": "LogAppendTime"},
+        )
+        topics.append(dest)
+        params["dest"] = dest
+    job = f"ysb-{spec.engine}-{run_id}"
+    job_overrides = _merge(overrides, spark_overrides(settings, spec))
+    engine: Engine
+    if spec.engine == "quix":
+        engine = QuixEngine(settings, job, params)
+    else:
+        engine = SparkEngine(settings, job, params, job_overrides)
+    result = RunResult(
+        engine=spec.engine,
+        sink=spec.sink,
+        rate_offered=spec.rate,
+        duration_s=spec.duration_s,
+        versions={**engine.versions(), **versions(settings, store)},
+        machine={**machine(), "load_average_at_start": os.getloadavg()},
+        config={
+            "partitions": spec.partitions,
+            "generator_processes": spec.processes,
+            "warmup_s": spec.warmup_s,
+            "job_params": params,
+            **({} if spec.engine == "quix" else {"spark": job_overrides["spark"]}),
+        },
+    )
+    output: KafkaWindows | None = None
+    try:
+        say(f"starting {job} ({spec.engine}, sink {spec.sink})")
+        engine.start()
+
+        if spec.sink == "kafka":
+            output = KafkaWindows(settings.kafka, dest)
+
+        def read() -> list[WindowStat]:
+            return get_stats(store) if output is None else output.read()
+
+        say(f"warming up: {max(PRIME_MIN_EVENTS, int(spec.rate * spec.warmup_s)):,} events")
+        _prime(settings, topic, ads[0], read, spec)
+        say(f"generating {spec.rate:,} events/s for {spec.duration_s:g}s")
+        gen = run_processes(
+            settings.kafka.client_config(),
+            topic,
+            rate=spec.rate,
+            duration_s=spec.duration_s,
+            ads_per_process=ads,
+        )
+        generated_at = time.monotonic()
+        result.generator = {k: v for k, v in gen.__dict__.items() if k not in ("per_process",)} | {
+            "achieved_rate": gen.achieved_rate
+        }
+        result.rate_achieved = gen.achieved_rate
+        say(f"generator: {gen.events:,} events at {gen.achieved_rate:,.0f}/s; checking")
+        expected = expected_counts(settings.kafka, topic, ad_campaigns(store))
+        result.events, result.views = expected.events, expected.views
+        stats = _drain(read, expected.views)
+        result.drain_s = round(time.monotonic() - generated_at, 1)
+    finally:
+        if output is not None:
+            output.close()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        engine.stop(out_dir / "engine.log")
+        for name in topics:
+            with contextlib.suppress(TopicNotFoundError):
+                delete_topic(settings.kafka, name)
+    actual = {(s.campaign, s.window_start): s.seen_count for s in stats}
+    mismatches = compare(expected.counts, actual)
+    result.machine["load_average_at_end"] = os.getloadavg()
+    result.windows = len(stats)
+    result.mismatched_windows = len(mismatches)
+    result.mismatches = [m.as_json() for m in mismatches[:20]]
+    first = gen.first_event_ms or 0
+    # Full windows of the measured schedule only: the first, partial one also holds
+    # warm-up events.
+    measured_from = first
+    latencies = window_latencies(stats, measured_from)
+    result.windows_measured = len(latencies)
+    result.latency_ms = latency_summary(latencies)
+    if gen.events_behind:
+        result.notes.append(
+            f"the generator sent {gen.events_behind:,} events over {100} ms late "
+            f"(at most {gen.max_behind_ms} ms): its lag is part of the latency"
+        )
+    write_outputs(out_dir, result, stats, measured_from)
+    return result
+
+
+def _prime(
+    settings: Settings,
+    topic: str,
+    ads: list[str],
+    read: Callable[[], list[WindowStat]],
+    spec: RunSpec,
+) -> None:
+    """Warm the engine up: ``warmup_s`` of events at the run's rate, all counted, first.
+
+    A fresh Spark job's first batches pay for class loading and code generation (10 to
+    20 s here) and its code stays slow until the JIT has compiled the hot paths;
+    measured from a cold start, that would be the whole story. The warm-up events are
+    ordinary YSB events, earlier than the measured ones: the check counts them, the
+    latency figures leave their windows out.
+    """
+    events = max(PRIME_MIN_EVENTS, int(spec.rate * spec.warmup_s))
+    rate = events if spec.warmup_s == 0 else spec.rate
+    generate(settings.kafka.client_config(), topic, rate=rate, duration_s=events / rate, ads=ads)
+    views = expected_counts(settings.kafka, topic, dict.fromkeys(ads, "-")).views
+    wait_for(
+        lambda: True if sum(s.seen_count for s in read()) >= views else None,
+        timeout=PRIME_TIMEOUT_S,
+        interval=0.5,
+        what="the engine to count the warm-up events",
+    )
+
+
+def _drain(read: Callable[[], list[WindowStat]], views: int) -> list[WindowStat]:
+    """The engine's windows once they account for every view, or once they stop changing."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    last_total, last_change = -1, time.monotonic()
+    while True:
+        stats = read()
+        total = sum(s.seen_count for s in stats)
+        now = time.monotonic()
+        if total != last_total:
+            last_total, last_change = total, now
+        if total >= views or now - last_change >= DRAIN_QUIET_S or now >= deadline:
+            return stats
+        time.sleep(0.5)
+
+
+def versions(settings: Settings, store: Any) -> dict[str, str]:
+    import confluent_kafka
+    import pyspark
+
+    info = {
+        "pyspark": pyspark.__version__,
+        "confluent_kafka": str(confluent_kafka.version()),
+        "librdkafka": confluent_kafka.libversion()[0],
+    }
+    # A version is nice to have, never worth failing a run for.
+    with contextlib.suppress(Exception):
+        info["redis"] = str(store.info("server").get("redis_version"))
+    jars = sorted((settings.jars_path).glob("**/kafka_2.13-*.jar"))
+    if jars:
+        info["kafka_broker"] = jars[-1].stem.removeprefix("kafka_2.13-")
+    return info
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out

@@ -347,4 +347,6 @@ def run(
     (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     if samples:
         (out_dir / "latency.txt").write_text("".join(f"{s:.4f}\n" for s in samples))
+    if realtime_ms:
+        (out_dir / "realtime-latency-ms.txt").write_text("".join(f"{s:.0f}\n" for s in realtime_ms))
     return result

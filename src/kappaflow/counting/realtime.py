@@ -26,8 +26,10 @@ from kappaflow.counting.spec import CountSpec
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
 
-#: How long a real-time batch runs before Spark checkpoints its offsets and state.
-CHECKPOINT_INTERVAL = "5 seconds"
+#: How long a real-time batch runs before Spark checkpoints its offsets and state. Each
+#: new batch restarts the long-running tasks, which stalls output for seconds, so batches
+#: are long; a restarted job re-reads at most this much (at least once).
+CHECKPOINT_INTERVAL = "5 minutes"
 
 
 def slots_needed(partitions: int) -> int:

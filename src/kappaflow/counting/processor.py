@@ -4,13 +4,17 @@ State is kept per (window, shard): the keys are spread over ``SHARDS`` shards by
 one state value holds, for all keys of a shard in a window, the count and the version
 that orders its changes (an Arrow table), the ids already counted (with ``--id``), and
 whether the window is final. A micro-batch costs one read and one write of that value per
-(window, shard), whatever the number of keys; the work per event is vectorised pandas.
+(window, shard), whatever the number of keys; its input is already folded to one row per
+(window, key) (preagg.py) and the work on it is vectorised pandas.
 
 Per micro-batch a window's new events become one change per key: provisional before the
 watermark passes the window's end, a correction after. Timers turn the watermark passing
 the end into a ``final`` change for every key, and ``allowed_lateness`` later into
 forgetting the window. Events for a window already forgotten are too late: they come out
-as ``late`` rows, never silently dropped.
+as ``late`` rows (one per folded row, with its count and offset range), never silently
+dropped. Besides changes, each group emits a ``stats`` row (events counted, duplicates,
+and in ``count`` the keys new to the window) and, when forgotten, a ``closed`` row (in
+``count`` the keys dropped): the store keeps from them how many keys each window holds.
 
 The watermark Spark gives the timers is the largest event time seen minus ``--watermark``.
 Spark would also drop input rows behind it before they reach this operator; the pipeline

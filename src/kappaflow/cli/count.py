@@ -39,7 +39,11 @@ def count() -> None:
 @click.option("--id", "id_field", metavar="FIELD", help="drop repeated events by this id")
 @click.option("--window", metavar="DURATION", help="window length, e.g. 1m")
 @click.option("--slide", metavar="DURATION", help="slide of a sliding window")
-@click.option("--session-gap", metavar="DURATION", help="session windows (not yet supported)")
+@click.option(
+    "--session-gap",
+    metavar="DURATION",
+    help="session windows: a key's events closer than this form one window",
+)
 @click.option(
     "--watermark",
     default="10s",

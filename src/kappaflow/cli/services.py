@@ -238,7 +238,7 @@ def bench_count(
             ["ceiling: Spark Kafka read", f"{result.ceiling_spark_rate:,.0f}/s"],
             ["ceiling: confluent-kafka consumer", f"{result.ceiling_consumer_rate:,.0f}/s"],
             [
-                "count job throughput (backlog)",
+                "count job, new, on the backlog",
                 f"{result.throughput_rate:,.0f}/s ({result.throughput_seconds:.0f}s)",
             ],
             [
@@ -246,6 +246,10 @@ def bench_count(
                 f"{result.throughput_rate / result.ceiling_spark_rate:.1%}"
                 if result.ceiling_spark_rate
                 else "-",
+            ],
+            [
+                "count job, warmed up, fed as fast as possible",
+                f"{result.sustained_rate:,.0f}/s ({result.sustained_seconds:.0f}s)",
             ],
             [f"micro-batch latency p50 / p99 at {result.latency_rate}/s", f"{p50} / {p99}"],
             [

@@ -49,10 +49,6 @@ from kappaflow.counting.processor import (
 from kappaflow.counting.store import SESSIONS
 from kappaflow.timeutil import from_epoch_ms, iso
 
-#: The ``window_start`` that session jobs' statistics and forgotten sessions carry: the
-#: store counts sessions held there (each session is one window of one key).
-SESSIONS_BUCKET = SESSIONS
-
 STATE_SCHEMA = "sessions BINARY, ids BINARY"
 _SESSION_COLUMNS = {
     "key": "object",
@@ -109,8 +105,8 @@ class SessionCounter(StatefulProcessor):
             output_rows(
                 1,
                 kind=[STATS],
-                window_start=[SESSIONS_BUCKET],
-                window_end=[SESSIONS_BUCKET],
+                window_start=[SESSIONS],
+                window_end=[SESSIONS],
                 counted=[int(counted.sum())],
                 duplicates=[int((~fresh).sum())],
                 watermark=[watermark],
@@ -152,8 +148,8 @@ class SessionCounter(StatefulProcessor):
                 output_rows(
                     1,
                     kind=[CLOSED],
-                    window_start=[SESSIONS_BUCKET],
-                    window_end=[SESSIONS_BUCKET],
+                    window_start=[SESSIONS],
+                    window_end=[SESSIONS],
                     count=[int(gone.sum())],
                     watermark=[watermark],
                 )

@@ -48,7 +48,8 @@ end
 return 1
 """
 
-#: Where session jobs count the sessions they hold (sessions.SESSIONS_BUCKET).
+#: The ``window_start`` of session jobs' statistics and forgotten sessions: the store
+#: counts the sessions held there (each session is one window of one key).
 SESSIONS = -2
 
 #: Redis commands sent per round trip.

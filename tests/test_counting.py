@@ -404,8 +404,9 @@ def test_session_windows(
         what="the sessions to merge",
     )
     windows = [json.loads(line) for line in cli("counts", job_name, "--key", "/a").lines()]
-    assert [(w["window_start"], w["window_end"], w["count"]) for w in windows] == [
-        (iso(from_epoch_ms(BASE)), iso(from_epoch_ms(BASE + 17_000)), 7)
+    # The bridged session ends at 17 s, past the watermark (13 s): corrected, not final.
+    assert [(w["window_start"], w["window_end"], w["count"], w["final"]) for w in windows] == [
+        (iso(from_epoch_ms(BASE)), iso(from_epoch_ms(BASE + 17_000)), 7, False)
     ]
     retracted = [c for c in changelog(serving, job_name) if c["count"] == 0]
     assert retracted and all(c["kind"] == "correction" and c["key"] == "/a" for c in retracted)

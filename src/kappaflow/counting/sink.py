@@ -24,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPar
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from kappaflow.counting.processor import CHANGE_KINDS, CLOSED, DEAD, LATE, PROVISIONAL, STATS
+from kappaflow.counting.processor import CHANGE_KINDS, CLOSED, CORRECTION, DEAD, FINAL, LATE, STATS
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import Changes, CountStore
 from kappaflow.errors import JobError, KafkaError
@@ -108,7 +108,7 @@ class BatchWriter:
                 columns["window_end"],
                 columns["count"],
                 columns["version"],
-                [k != PROVISIONAL for k in columns["kind"]],
+                _finals(columns),
             ),
             key_deltas,
             stats,
@@ -302,6 +302,19 @@ def _changes(columns: dict[str, list[Any]], batch_id: int) -> Iterator[dict[str,
             "batch": batch_id,
             "_start": columns["window_start"][i],
         }
+
+
+def _finals(columns: dict[str, list[Any]]) -> list[bool]:
+    """Whether each change leaves its window final: the watermark has passed its end.
+
+    Not every correction is final: a late event can extend a session past the watermark.
+    """
+    return [
+        kind == FINAL or (kind == CORRECTION and end <= watermark)
+        for kind, end, watermark in zip(
+            columns["kind"], columns["window_end"], columns["watermark"], strict=True
+        )
+    ]
 
 
 def _sum(column: pa.ChunkedArray) -> int:

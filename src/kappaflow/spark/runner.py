@@ -17,6 +17,7 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kappaflow.errors import KappaflowError
 from kappaflow.spark.jobs import JobRecord
@@ -72,7 +73,9 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     print(f"job {record.name} running: {len(queries)} queries", flush=True)
     progress_path = home / "progress.json"
     last_written = ""
+    logged: dict[str, int] = {}
     while not stop.wait(POLL_S):
+        _log_batches(queries, logged)
         snapshot = json.dumps(
             {q.name or q.id: q.lastProgress for q in queries if q.lastProgress}, default=str
         )
@@ -97,6 +100,24 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     _finish(record, record_path, "stopped", None)
     spark.stop()
     return 0
+
+
+def _log_batches(queries: list[Any], logged: dict[str, int]) -> None:
+    """One driver.log line per finished batch of each query: where its time went."""
+    for query in queries:
+        name = query.name or query.id
+        for progress in query.recentProgress:
+            batch = progress.batchId
+            if batch <= logged.get(name, -1):
+                continue
+            logged[name] = batch
+            durations = " ".join(
+                f"{step}={ms}" for step, ms in sorted(progress.durationMs.items()) if ms
+            )
+            print(
+                f"progress {name} batch {batch}: {progress.numInputRows} rows; ms {durations}",
+                flush=True,
+            )
 
 
 def _finish(record: JobRecord, path: Path, state: str, error: str | None) -> None:

@@ -58,6 +58,10 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Checkpoint format v2 is what stateful real-time mode requires in 4.3.
         "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+        # No byte limit on the Arrow batches sent to Python workers (the row limit stays):
+        # with a limit, Spark measures the batch's size after every row, which costs more
+        # than the rows themselves once a batch has list columns.
+        "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
         "spark.local.dir": str((settings.state_dir / "spark-tmp").resolve()),
         # Python workers run this interpreter (with kappaflow's dependencies), not whatever
         # `python3` is first on PATH. On a cluster, point it at the executors' Python

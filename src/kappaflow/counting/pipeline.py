@@ -17,7 +17,13 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from kappaflow.counting import realtime
 from kappaflow.counting.events import assign_windows, parse_events
 from kappaflow.counting.preagg import FOLDED_SCHEMA, Folder
-from kappaflow.counting.processor import DEAD_WINDOW, OUTPUT_SCHEMA, SHARDS, WindowCounter
+from kappaflow.counting.processor import (
+    DEAD_WINDOW,
+    PACKED_SCHEMA,
+    SHARDS,
+    Packed,
+    WindowCounter,
+)
 from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
 from kappaflow.counting.spec import CountSpec
@@ -143,10 +149,11 @@ def build_sessions(raw: DataFrame, spec: CountSpec) -> DataFrame:
 
 
 def _counted(rows: DataFrame, processor: StatefulProcessor) -> DataFrame:
-    """``rows`` through ``processor``, one group per (window_start, shard), by event time."""
+    """``rows`` through ``processor``, one group per (window_start, shard), by event time;
+    its output rows packed (processor.Packed)."""
     return rows.groupBy("window_start", "shard").transformWithStateInPandas(
-        statefulProcessor=processor,
-        outputStructType=OUTPUT_SCHEMA,
+        statefulProcessor=Packed(processor),
+        outputStructType=PACKED_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",
     )

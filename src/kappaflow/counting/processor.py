@@ -50,6 +50,18 @@ OUTPUT_SCHEMA = (
     "reason STRING, value BINARY, src_partition INT, src_offset BIGINT, src_offset_end BIGINT"
 )
 COLUMNS = [part.split()[0] for part in OUTPUT_SCHEMA.split(", ")]
+#: OUTPUT_SCHEMA in Arrow's terms.
+OUTPUT_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field(
+            name,
+            {"STRING": pa.string(), "BIGINT": pa.int64(), "INT": pa.int32()}.get(sql, pa.binary()),
+        )
+        for name, sql in (part.split() for part in OUTPUT_SCHEMA.split(", "))
+    ]
+)
+#: What the operator hands Spark: each group's output rows packed into one Arrow stream.
+PACKED_SCHEMA = "rows BINARY"
 STATE_SCHEMA = "counts BINARY, ids BINARY, final BOOLEAN"
 
 PROVISIONAL, FINAL, CORRECTION = "provisional", "final", "correction"
@@ -79,6 +91,59 @@ def output_rows(n: int, **columns: Any) -> pd.DataFrame:
     return frame
 
 
+class Packed(StatefulProcessor):
+    """``processor`` with its output packed: one row per group and call, holding all the
+    rows it emitted as Arrow IPC bytes (``unpack`` restores them).
+
+    A micro-batch emits about one change per key; packed, Spark moves a few binary rows
+    per group instead of converting and shuffling thousands of narrow rows one by one.
+    """
+
+    def __init__(self, processor: StatefulProcessor) -> None:
+        self.processor = processor
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.processor.init(handle)
+
+    def handleInputRows(  # type: ignore[override]
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        yield from _packed(self.processor.handleInputRows(key, rows, timerValues))
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        yield from _packed(self.processor.handleExpiredTimer(key, timerValues, expiredTimerInfo))
+
+    def close(self) -> None:
+        self.processor.close()
+
+
+def _packed(frames: Iterator[Any]) -> Iterator[pd.DataFrame]:
+    parts = [f for f in frames if len(f)]
+    if parts:
+        frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        table = pa.Table.from_pandas(frame, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
+        yield pd.DataFrame({"rows": [_ipc_bytes(table)]})
+
+
+def unpack(packed: pa.Table) -> pa.Table:
+    """The rows packed by ``Packed``, as one table of OUTPUT_SCHEMA."""
+    tables = [
+        pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+        for blob in packed["rows"].to_pylist()
+        if blob
+    ]
+    return pa.concat_tables(tables) if tables else OUTPUT_ARROW_SCHEMA.empty_table()
+
+
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
 def _window_rows(
     kind: str, keys: list[Any], start: int, end: int, watermark: int, **columns: Any
 ) -> pd.DataFrame:
@@ -102,11 +167,7 @@ def encode_counts(counts: pd.DataFrame) -> bytes:
 
 def arrow_bytes(frame: pd.DataFrame) -> bytes:
     """A DataFrame (without its index) as Arrow IPC stream bytes, for a state value."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+    return _ipc_bytes(pa.Table.from_pandas(frame, preserve_index=False))
 
 
 def decode_counts(blob: bytes | None) -> pd.DataFrame:

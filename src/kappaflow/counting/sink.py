@@ -21,10 +21,19 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from kappaflow.counting.processor import CHANGE_KINDS, CLOSED, CORRECTION, DEAD, FINAL, LATE, STATS
+from kappaflow.counting.processor import (
+    CHANGE_KINDS,
+    CLOSED,
+    CORRECTION,
+    DEAD,
+    FINAL,
+    LATE,
+    STATS,
+    unpack,
+)
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import Changes, CountStore
 from kappaflow.errors import JobError, KafkaError
@@ -75,7 +84,7 @@ class BatchWriter:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         began = time.perf_counter()
-        table = frame.toArrow()
+        table = unpack(frame.toArrow())
         collected = time.perf_counter()
         kind = table["kind"]
         changes = table.filter(pc.is_in(kind, pa.array(CHANGE_KINDS))).sort_by(
@@ -207,16 +216,17 @@ class BatchWriter:
             .collect()
         )
         sessions = self.spec.session_gap_ms is not None
+        by_source: dict[tuple[int, str], list[Row]] = {}
+        for e in events:
+            by_source.setdefault((e["src_partition"], e["key"]), []).append(e)
         found: list[dict[str, Any]] = []
         for r in rows:
             # The times whose newest window this is (for sessions: the event's own interval).
             low = r["window_start"] if sessions else r["window_end"] - self.spec.step_ms
             matches = [
                 e
-                for e in events
-                if e["src_partition"] == r["src_partition"]
-                and r["src_offset"] <= e["src_offset"] <= r["src_offset_end"]
-                and e["key"] == r["key"]
+                for e in by_source.get((r["src_partition"], r["key"]), [])
+                if r["src_offset"] <= e["src_offset"] <= r["src_offset_end"]
                 and low <= e["ts"] < r["window_end"]
             ]
             if len(matches) != r["count"]:

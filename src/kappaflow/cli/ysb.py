@@ -43,9 +43,9 @@ def embedded_services(settings: Settings) -> Iterator[None]:
 @click.command("ysb")
 @click.option(
     "--engine",
-    type=click.Choice(["spark", "spark-rt", "quix"]),
+    type=click.Choice(["spark", "spark-rt", "flink", "quix"]),
     required=True,
-    help="spark: micro-batch; spark-rt: Spark's real-time mode; quix: Quix Streams (peer)",
+    help="spark: micro-batch; spark-rt: Spark's real-time mode; flink, quix: peers",
 )
 @click.option("--sink", type=click.Choice(["redis", "kafka"]), default="redis", show_default=True)
 @click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 from confluent_kafka import Producer
 
 from conftest import REPO, Result, run_kappaflow
@@ -23,6 +24,7 @@ from kappaflow.ysb.check import compare, expected_counts, read_all
 from kappaflow.ysb.generator import generate, run_processes
 from kappaflow.ysb.results import latency_summary, percentile, window_latencies
 from kappaflow.ysb.store import (
+    YSB_DB,
     WindowStat,
     WindowWriter,
     ad_campaigns,
@@ -122,6 +124,18 @@ def test_processes_share_the_rate_and_the_schedule(
     for p in range(2):
         mine = [e for e in sent if e["ad_id"].startswith(f"ad-{p}-")]
         assert len(mine) in (1_500, 1_501)
+
+
+def test_the_benchmark_keeps_to_its_own_database(serving: Settings) -> None:
+    url = serving.redis.effective_url
+    assert url.endswith("/0")
+    other = redis.Redis.from_url(url)
+    other.set("not-ysb", "kept")
+    store = connect(url)
+    new_setup(store, random.Random(5))
+    assert store.connection_pool.connection_kwargs["db"] == YSB_DB
+    assert other.get("not-ysb") == b"kept" and store.get("not-ysb") is None
+    other.delete("not-ysb")
 
 
 def test_windows_in_the_original_layout(serving: Settings) -> None:

@@ -40,8 +40,12 @@ test: setup lint
 	$(BIN)/pytest
 
 # Long runs with printed figures and result files under bench-results/; never part of test.
+# After the counting benchmark, a short YSB sweep of every engine (two rates, 20 s runs
+# after a 10 s warm-up; about ten minutes, the first Flink and Quix runs install them).
 bench: setup
 	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count --events 1000000 --out bench-results/count
+	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench ysb-sweep --rates 10000,40000 \
+		--duration 20 --warmup 10 --out bench-results/ysb-sweep
 
 # A million distinct keys in 1-minute windows, a 4 GiB driver: about five minutes.
 bench-scale: setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import time
@@ -10,10 +11,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
+import redis
 from confluent_kafka import Producer
 
-from conftest import Result, run_kappaflow
+from conftest import REPO, Result, run_kappaflow
 from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
@@ -21,6 +24,7 @@ from kappaflow.ysb.check import compare, expected_counts, read_all
 from kappaflow.ysb.generator import generate, run_processes
 from kappaflow.ysb.results import latency_summary, percentile, window_latencies
 from kappaflow.ysb.store import (
+    YSB_DB,
     WindowStat,
     WindowWriter,
     ad_campaigns,
@@ -122,6 +126,18 @@ def test_processes_share_the_rate_and_the_schedule(
         assert len(mine) in (1_500, 1_501)
 
 
+def test_the_benchmark_keeps_to_its_own_database(serving: Settings) -> None:
+    url = serving.redis.effective_url
+    assert url.endswith("/0")
+    other = redis.Redis.from_url(url)
+    other.set("not-ysb", "kept")
+    store = connect(url)
+    new_setup(store, random.Random(5))
+    assert store.connection_pool.connection_kwargs["db"] == YSB_DB
+    assert other.get("not-ysb") == b"kept" and store.get("not-ysb") is None
+    other.delete("not-ysb")
+
+
 def test_windows_in_the_original_layout(serving: Settings) -> None:
     store = connect(serving.redis.effective_url)
     campaigns = new_setup(store, random.Random(3))
@@ -210,13 +226,19 @@ def one_line_error(result: Result, code: int) -> str:
 def test_bench_ysb_misuse(kafka: Settings, tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     base = ("bench", "ysb", "--rate", "100", "--duration", "5", "--out", out)
-    assert "flink" in one_line_error(run_kappaflow(kafka, *base, "--engine", "flink"), 2)
+    assert "storm" in one_line_error(run_kappaflow(kafka, *base, "--engine", "storm"), 2)
     line = one_line_error(run_kappaflow(kafka, *base[:2], "--engine", "spark", "--out", out), 2)
     assert "--rate" in line
     bad_rate = ("bench", "ysb", "--engine", "spark", "--rate", "0", "--duration", "5")
     assert "--rate" in one_line_error(run_kappaflow(kafka, *bad_rate, "--out", out), 2)
     warm = run_kappaflow(kafka, *base, "--engine", "spark", "--warmup", "90")
     assert "--warmup" in one_line_error(warm, 2)
+    sweep = ("bench", "ysb-sweep", "--out", out)
+    assert "storm" in one_line_error(run_kappaflow(kafka, *sweep, "--engines", "flink,storm"), 2)
+    assert "--rates" in one_line_error(run_kappaflow(kafka, *sweep, "--rates", "2000,1000"), 2)
+    assert "--rates" in one_line_error(run_kappaflow(kafka, *sweep, "--rates", "1000,x"), 2)
+    twice = run_kappaflow(kafka, *sweep, "--engines", "quix,quix")
+    assert "twice" in one_line_error(twice, 2)
     assert not (tmp_path / "out").exists()
 
 
@@ -268,6 +290,83 @@ def test_bench_ysb_micro_batch_end_to_end(serving: Settings, tmp_path: Path) -> 
         timeout=30,
         what="the run's topics to be deleted",
     )
+
+
+@pytest.fixture(scope="session")
+def peer_engines(settings: Settings) -> Path:
+    """The peers' virtual environments outside the session's state directory, made once
+    and kept between sessions (installing PyFlink takes a minute or two)."""
+    shared = Path(os.environ.get("KAPPAFLOW_TEST_ENGINES_DIR", REPO / ".kappaflow" / "engines"))
+    shared.mkdir(parents=True, exist_ok=True)
+    link = settings.state_dir / "engines"
+    if not link.exists():
+        link.symlink_to(shared.resolve(), target_is_directory=True)
+    return shared
+
+
+def _no_flink_left(run_name_prefix: str) -> bool:
+    """No process of a Flink run is left (the JVM's command line names the run's
+    directory, in its log file's path)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(run_name_prefix in part for part in proc.info["cmdline"] or ()):
+            return False
+    return True
+
+
+@pytest.mark.timeout(600)
+def test_bench_ysb_flink_end_to_end(serving: Settings, peer_engines: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_kappaflow(
+        serving,
+        *("bench", "ysb", "--engine", "flink", "--rate", "2000"),
+        *("--duration", "22", "--warmup", "0", "--out", str(out)),
+        timeout=580,
+    )
+    assert result.code == 0, result.err
+    summary = json.loads((out / "result.json").read_text())
+    assert (summary["engine"], summary["sink"]) == ("flink", "redis")
+    assert summary["mismatched_windows"] == 0 and summary["events"] >= 46_000
+    assert summary["views"] == sum(map(int, (out / "seen.txt").read_text().split()))
+    assert summary["windows_measured"] > 0 and summary["latency_ms"]["p50"] is not None
+    assert summary["versions"]["engine"] == "pyflink 2.2.1"
+    assert summary["versions"]["flink_kafka_connector"] == "5.0.0-2.2"
+    assert summary["config"]["engine"]["parallelism"] == 2
+    assert "flink app running" in (out / "engine.log").read_text()
+    assert "switched from" in (out / "flink.log").read_text()  # the JVM's own log, kept
+    wait_for(
+        lambda: True if not any(t.startswith("ysb") for t in _topics(serving)) else None,
+        timeout=30,
+        what="the run's topics (and the relay topic) to be deleted",
+    )
+    assert _no_flink_left(str(peer_engines.resolve() / "flink" / "state" / "ysb-flink-"))
+
+
+@pytest.mark.timeout(900)
+def test_bench_ysb_sweep_of_flink_with_the_kafka_sink(
+    serving: Settings, peer_engines: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "sweep"
+    result = run_kappaflow(
+        serving,
+        *("bench", "ysb-sweep", "--engines", "flink", "--sink", "kafka"),
+        *("--rates", "1000,2000", "--duration", "22", "--warmup", "0"),
+        # A loose bound: the test is about the sweep, not this busy machine's latency.
+        *("--max-p99", "60000", "--out", str(out)),
+        timeout=880,
+    )
+    assert result.code == 0, result.err
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert (sweep["engines"], sweep["sink"], sweep["rates"]) == (["flink"], "kafka", [1000, 2000])
+    points = sweep["points"]
+    assert [(p["rate"], p["mismatched_windows"]) for p in points] == [(1000, 0), (2000, 0)]
+    assert all(p["sustainable"] for p in points), points
+    assert sweep["max_sustainable_rate"] == {"flink": 2000}
+    assert all(len(p["load_average_at_start"]) == 3 for p in points)
+    for rate in (1000, 2000):
+        run = json.loads((out / "flink" / str(rate) / "result.json").read_text())
+        assert (run["engine"], run["sink"], run["rate_offered"]) == ("flink", "kafka", rate)
+    assert (out / "p99.png").stat().st_size > 0
+    assert re.search(r"flink\W+2,000", result.out), result.out  # the maximum, printed
 
 
 def _topics(settings: Settings) -> list[str]:

@@ -12,6 +12,7 @@ import click
 
 from kappaflow.cli.app import Context, pass_context
 from kappaflow.cli.output import say, table
+from kappaflow.errors import ConfigError
 from kappaflow.settings import Settings
 
 
@@ -40,25 +41,45 @@ def embedded_services(settings: Settings) -> Iterator[None]:
             say(f"stopped {'redis' if isinstance(service, EmbeddedRedis) else 'kafka'}")
 
 
-@click.command("ysb")
-@click.option(
-    "--engine",
-    type=click.Choice(["spark", "spark-rt", "quix"]),
-    required=True,
-    help="spark: micro-batch; spark-rt: Spark's real-time mode; quix: Quix Streams (peer)",
+# Options `ysb` and `ysb-sweep` share.
+sink_option = click.option(
+    "--sink", type=click.Choice(["redis", "kafka"]), default="redis", show_default=True
 )
-@click.option("--sink", type=click.Choice(["redis", "kafka"]), default="redis", show_default=True)
-@click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")
-@click.option(
-    "--duration", type=click.FloatRange(min=0, min_open=True), required=True, help="seconds"
-)
-@click.option(
+warmup_option = click.option(
     "--warmup",
     type=click.FloatRange(min=0),
     default=10.0,
     show_default=True,
-    help="seconds of events at --rate sent and counted before the measured run",
+    help="seconds of events at the run's rate sent and counted before the measured run",
 )
+processes_option = click.option(
+    "--processes", type=click.IntRange(min=1), default=1, show_default=True
+)
+partitions_option = click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="of the events topic, and Spark's shuffle partitions (the original used 1)",
+)
+out_option = click.option(
+    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False)
+)
+
+
+@click.command("ysb")
+@click.option(
+    "--engine",
+    type=click.Choice(["spark", "spark-rt", "flink", "quix"]),
+    required=True,
+    help="spark: micro-batch; spark-rt: Spark's real-time mode; flink, quix: peers",
+)
+@sink_option
+@click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), required=True, help="seconds"
+)
+@warmup_option
 @click.option(
     "--aggregate",
     type=click.Choice(["batch", "state"]),
@@ -70,15 +91,9 @@ def embedded_services(settings: Settings) -> Iterator[None]:
     metavar="SECONDS",
     help="spark-rt: how long each real-time batch runs [default: 30]",
 )
-@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--partitions",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="of the events topic, and Spark's shuffle partitions (the original used 1)",
-)
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False))
+@processes_option
+@partitions_option
+@out_option
 @pass_context
 def ysb(
     ctx: Context,
@@ -107,6 +122,87 @@ def ysb(
             f"{result.mismatched_windows} windows do not match the events in Kafka "
             f"(see {out_dir / 'result.json'})"
         )
+
+
+def _ints(option: str, text: str) -> list[int]:
+    try:
+        return [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} {text!r} is not a comma-separated list of integers") from None
+
+
+@click.command("ysb-sweep")
+@click.option(
+    "--engines",
+    default="spark,spark-rt,flink,quix",
+    show_default=True,
+    help="comma-separated, each swept on its own",
+)
+@sink_option
+@click.option(
+    "--rates",
+    default="10000,20000,50000,100000,200000",
+    show_default=True,
+    help="events/s, rising; an engine stops at its first rate not sustained",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="seconds of each run",
+)
+@warmup_option
+@click.option(
+    "--max-p99",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="ms: the window p99 a sustained rate keeps",
+)
+@processes_option
+@partitions_option
+@out_option
+@pass_context
+def ysb_sweep(
+    ctx: Context,
+    engines: str,
+    sink: str,
+    rates: str,
+    duration: float,
+    warmup: float,
+    max_p99: int,
+    processes: int,
+    partitions: int,
+    out_dir: Path,
+) -> None:
+    """Raise the rate per engine until window p99 passes --max-p99 or the engine falls
+    behind: each engine's maximum sustainable rate, sweep.json and p99.png."""
+    from kappaflow.ysb.bench import RunSpec
+    from kappaflow.ysb.sweep import COLUMNS, sweep, validate
+
+    names = [e.strip() for e in engines.split(",") if e.strip()]
+    steps = _ints("--rates", rates)
+    base = RunSpec("-", sink, 1, duration, processes, partitions, warmup)
+    validate(names, steps, base)
+    with embedded_services(ctx.settings):
+        result = sweep(
+            ctx.settings,
+            names,
+            steps,
+            out_dir,
+            base=base,
+            max_p99_ms=max_p99,
+            overrides=ctx.overrides,
+            say=say,
+        )
+    table(f"YSB sweep, {sink} sink", COLUMNS, [p.row() for p in result.points])
+    table(
+        "maximum sustainable rate",
+        ["engine", "events/s"],
+        [[e, f"{r:,}" if (r := result.max_sustainable(e)) else "none"] for e in names],
+    )
+    say(f"wrote {out_dir}/sweep.json, p99.png and a directory per run")
 
 
 @click.command("ysb-generator")
@@ -150,4 +246,4 @@ def ysb_generator(ctx: Context, events: int, processes: int, partitions: int) ->
     )
 
 
-COMMANDS = (ysb, ysb_generator)
+COMMANDS = (ysb, ysb_sweep, ysb_generator)

@@ -2,7 +2,8 @@
 
 Two separate sets, because the broker and Spark pin different Scala, Jackson and slf4j
 versions and must never share a classpath: the Kafka broker's runtime classpath, and the
-four connector jars Spark needs on top of what PySpark ships.
+four connector jars Spark needs on top of what PySpark ships. A third, Flink's Kafka
+connector, is only for the YSB peer and is resolved when that peer first runs.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ SPARK_CONNECTOR = JarSet(
 )
 
 
+#: Not resolved by setup: only ``kappaflow bench ysb --engine flink`` needs it.
+FLINK_CONNECTOR = JarSet("flink", "flink-kafka.xml", ("flink-sql-connector-kafka",))
+
+
 def kafka_broker_jars(settings: Settings) -> list[Path]:
     return KAFKA_BROKER.jars(settings)
 
@@ -71,10 +76,22 @@ def spark_connector_jars(settings: Settings) -> list[Path]:
     return SPARK_CONNECTOR.jars(settings)
 
 
+def flink_connector_jars(settings: Settings) -> list[Path]:
+    """Flink's Kafka connector, resolved from Maven Central on first use."""
+    resolve(settings, (FLINK_CONNECTOR,))
+    return FLINK_CONNECTOR.jars(settings)
+
+
 def resolve_all(settings: Settings) -> list[str]:
-    """Resolve every jar set that is missing or whose POM changed; return what was done."""
+    """Resolve every jar set setup provides that is missing or whose POM changed; return
+    what was done."""
+    return resolve(settings, (KAFKA_BROKER, SPARK_CONNECTOR))
+
+
+def resolve(settings: Settings, jar_sets: tuple[JarSet, ...]) -> list[str]:
+    """Resolve those of ``jar_sets`` that are missing or whose POM changed."""
     done: list[str] = []
-    pending = [s for s in (KAFKA_BROKER, SPARK_CONNECTOR) if not s.is_resolved(settings)]
+    pending = [s for s in jar_sets if not s.is_resolved(settings)]
     if not pending:
         return done
     root = settings.jars_path.resolve()

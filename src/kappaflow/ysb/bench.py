@@ -23,7 +23,7 @@ from kappaflow.kafka.topics import create_topic, delete_topic
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
 from kappaflow.ysb.check import compare, expected_counts
-from kappaflow.ysb.engines import Engine, QuixEngine, SparkEngine
+from kappaflow.ysb.engines import AppEngine, Engine, FlinkEngine, QuixEngine, SparkEngine
 from kappaflow.ysb.generator import generate, run_processes
 from kappaflow.ysb.results import (
     KafkaWindows,
@@ -42,7 +42,9 @@ from kappaflow.ysb.store import (
     new_setup,
 )
 
-ENGINES = {"spark": "microbatch", "spark-rt": "realtime", "quix": "-"}
+#: Each engine, and the Spark job's mode for the Spark ones.
+ENGINES = {"spark": "microbatch", "spark-rt": "realtime", "flink": "-", "quix": "-"}
+PEERS = ("flink", "quix")
 SINKS = ("redis", "kafka")
 #: After the generator stops, how long the engine may take to account for every view,
 #: and how long its output may stay unchanged before we stop waiting for it.
@@ -138,6 +140,8 @@ def run(
     engine: Engine
     if spec.engine == "quix":
         engine = QuixEngine(settings, job, params)
+    elif spec.engine == "flink":
+        engine = FlinkEngine(settings, job, params, partitions=spec.partitions)
     else:
         engine = SparkEngine(settings, job, params, job_overrides)
     result = RunResult(
@@ -152,13 +156,17 @@ def run(
             "generator_processes": spec.processes,
             "warmup_s": spec.warmup_s,
             "job_params": params,
-            **({} if spec.engine == "quix" else {"spark": job_overrides["spark"]}),
+            **({} if spec.engine in PEERS else {"spark": job_overrides["spark"]}),
         },
     )
     output: KafkaWindows | None = None
     try:
         say(f"starting {job} ({spec.engine}, sink {spec.sink})")
+        if isinstance(engine, AppEngine) and not engine.python.exists():
+            say(f"installing {engine.label} in {engine.home / 'venv'} (once)")
         engine.start()
+        if isinstance(engine, AppEngine):
+            result.config["engine"] = engine.describe()
 
         if spec.sink == "kafka":
             output = KafkaWindows(settings.kafka, dest)

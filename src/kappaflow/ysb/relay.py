@@ -68,7 +68,8 @@ class WindowRelay:
             while not self._stop.is_set():
                 latest: dict[tuple[str, int], int] = {}
                 for message in reader.consume(10_000, timeout=0.1):
-                    if message.error() is not None:
+                    # A tombstone (no value) says nothing about a count.
+                    if message.error() is not None or message.value() is None:
                         continue
                     record = json.loads(message.value() or b"{}")
                     window = (str(record["campaign_id"]), int(record["window_start"]))

@@ -132,6 +132,8 @@ class KafkaWindows:
                 if message.error() is not None or got is None or offset is None:
                     continue
                 self._next[got] = offset + 1
+                if message.value() is None:
+                    continue  # a tombstone (Flink's retraction of a count): no count
                 record = json.loads(message.value() or b"{}")
                 key = (str(record["campaign_id"]), int(record["window_start"]))
                 # A campaign's records share a partition (keyed by campaign), in order.

@@ -38,8 +38,13 @@ _IDS = uuid.UUID("5f0c3d52-41b7-4c1e-9b38-3f2f6f0b9a11")
 
 
 def connect(url: str, db: int = YSB_DB) -> redis.Redis:
-    """A client on the YSB database of the Redis at ``url``."""
-    client = redis.Redis.from_url(url, db=db, socket_timeout=30)
+    """A client on the YSB database of the Redis at ``url``, whatever database the URL
+    names (``from_url(url, db=...)`` would let a ``/0`` in the URL win)."""
+    pool = redis.ConnectionPool.from_url(url, socket_timeout=30)
+    options = {**pool.connection_kwargs, "db": db}
+    client = redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options)
+    )
     try:
         client.ping()
     except redis.RedisError as exc:

@@ -67,6 +67,10 @@ class CountBenchResult:
     machine: dict[str, Any] = field(default_factory=dict)
 
 
+#: Seconds a latency run sends at its rate before it starts measuring.
+WARM_SECONDS = 60.0
+
+
 def event(rng: random.Random, n: int, keys: int, ts: int) -> bytes:
     return json.dumps(
         {"id": f"e{n}", "key": f"k{rng.randrange(keys)}", "ts": ts, "pad": PAD}
@@ -214,18 +218,27 @@ def measure_sustained(
 
 
 def measure_latency(
-    settings: Settings, rate: int, seconds: float, keys: int, overrides: dict[str, Any]
+    settings: Settings,
+    rate: int,
+    seconds: float,
+    keys: int,
+    overrides: dict[str, Any],
+    warm_seconds: float = WARM_SECONDS,
 ) -> list[float]:
+    """Seconds from sending an event to its count in Redis, sampled every 100 ms at a
+    steady ``rate``, after ``warm_seconds`` at that rate.
+
+    The warm-up is what any running job is past: the JVM compiling Spark's code (on two
+    cores its JIT is busy for a minute or more), the Python workers, the state store."""
     topic = f"bench.latency.{uuid.uuid4().hex[:6]}"
     create_topic(settings.kafka, topic, partitions=2)
     name = f"bench-latency-{uuid.uuid4().hex[:6]}"
     store = CountStore(redis_client(settings), name)
     jobs, _ = run_count_job(settings, name, topic, False, overrides)
     rng = random.Random(2)
-    # Warm up: the first batches pay for Python workers and state store start-up.
-    warm = producer(settings.kafka)
-    warm.produce(topic, value=event(rng, -1, keys, int(time.time() * 1000)))
-    warm.flush(30)
+    first = producer(settings.kafka)
+    first.produce(topic, value=event(rng, -1, keys, int(time.time() * 1000)))
+    first.flush(30)
     wait_for(
         lambda: True if processed(store) >= 1 else None,
         timeout=300,
@@ -237,9 +250,9 @@ def measure_latency(
     sent_at: list[float] = []
     samples: list[float] = []
     started = time.perf_counter()
-    next_probe = started
+    next_probe = started + warm_seconds
     try:
-        while (now := time.perf_counter()) - started < seconds:
+        while (now := time.perf_counter()) - started < warm_seconds + seconds:
             due = int((now - started) * rate) - len(sent_at)
             stamp = int(time.time() * 1000)
             for _ in range(max(0, due)):
@@ -256,8 +269,7 @@ def measure_latency(
         out.flush(30)
         jobs.stop(name)
         clean_up(settings, [topic], [name])
-    # The first fifth is the climb from an empty pipeline; keep the steady part.
-    return samples[len(samples) // 5 :]
+    return samples
 
 
 def send_steadily(
@@ -300,8 +312,10 @@ def measure_realtime_latency(
             timeout=120,
             what="the first real-time counts",
         )
+        # Then the rate itself, for as long as the micro-batch latency run warms up.
+        send_steadily(settings, topic, rate, WARM_SECONDS, keys, seed=4)
         measured_from = int(time.time() * 1000)
-        send_steadily(settings, topic, rate, seconds, keys, seed=4)
+        send_steadily(settings, topic, rate, seconds, keys, seed=5)
         samples = [
             float(stamp - latest)
             for stamp, latest in _realtime_records(settings, name, measured_from)
@@ -309,7 +323,7 @@ def measure_realtime_latency(
     finally:
         jobs.stop(name)
         clean_up(settings, [topic], [name])
-    return samples[len(samples) // 10 :]
+    return samples
 
 
 def _realtime_records(settings: Settings, job: str, since_ms: int) -> list[tuple[int, int]]:

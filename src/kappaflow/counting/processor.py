@@ -52,7 +52,6 @@ OUTPUT_SCHEMA = (
     "previous BIGINT, version BIGINT, watermark BIGINT, counted BIGINT, duplicates BIGINT, "
     "reason STRING, value BINARY, src_partition INT, src_offset BIGINT, src_offset_end BIGINT"
 )
-COLUMNS = [part.split()[0] for part in OUTPUT_SCHEMA.split(", ")]
 #: OUTPUT_SCHEMA in Arrow's terms.
 OUTPUT_ARROW_SCHEMA = pa.schema(
     [
@@ -70,9 +69,6 @@ STATE_SCHEMA = "counts BINARY, ids BINARY, final BOOLEAN"
 PROVISIONAL, FINAL, CORRECTION = "provisional", "final", "correction"
 LATE, DEAD, STATS, CLOSED = "late", "dlq", "stats", "closed"
 CHANGE_KINDS = (PROVISIONAL, FINAL, CORRECTION)
-
-#: The BIGINT columns: 0 where a kind of row has no value for them.
-_LONGS = [c for c in COLUMNS if f"{c} BIGINT" in OUTPUT_SCHEMA]
 
 
 def output_table(n: int, **columns: Any) -> pa.Table:
@@ -95,21 +91,8 @@ def output_table(n: int, **columns: Any) -> pa.Table:
 
 
 def output_rows(n: int, **columns: Any) -> pd.DataFrame:
-    """``n`` output rows; columns not given are 0 (numbers), -1 (partition) or null."""
-    data: dict[str, Any] = {}
-    for column in COLUMNS:
-        if column in columns:
-            data[column] = columns[column]
-        elif column in _LONGS:
-            data[column] = np.zeros(n, dtype="int64")
-        elif column == "src_partition":
-            data[column] = np.full(n, -1, dtype="int32")
-        else:
-            data[column] = [None] * n
-    frame = pd.DataFrame(data, columns=COLUMNS)
-    for column in _LONGS:
-        frame[column] = frame[column].astype("int64")
-    frame["src_partition"] = frame["src_partition"].astype("int32")
+    """``output_table`` as a DataFrame, for the processors that work in pandas."""
+    frame: pd.DataFrame = output_table(n, **columns).to_pandas()
     return frame
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,45 @@ def test_session_is_configured_from_settings(spark: SparkSession, kafka: Setting
     assert session_conf(kafka, "x")["spark.sql.streaming.checkpointLocation"].startswith(
         str(kafka.state_dir.resolve())
     )
+
+
+def test_checkpoint_files_go_through_java_nio(spark: SparkSession, tmp_path: Path) -> None:
+    """Without Hadoop's native library, its local file system runs chmod and readlink
+    processes for every checkpoint file (about 120 per batch of a stateful query on two
+    partitions). Setup's java.nio file system (install/localfs.py) serves ``file:``
+    paths instead, for both Hadoop APIs, and checkpoints keep their usual permissions."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    uri = jvm.java.net.URI("file:///")
+    file_system = jvm.org.apache.hadoop.fs.FileSystem.get(uri, hadoop_conf)
+    assert file_system.getRawFileSystem().getClass().getName() == (
+        "io.kappaflow.hadoop.NioRawLocalFileSystem"
+    )
+    context_fs = jvm.org.apache.hadoop.fs.AbstractFileSystem.get(uri, hadoop_conf)
+    assert context_fs.getClass().getName() == "io.kappaflow.hadoop.NioLocalFs"
+
+    rows = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 100).load()
+    counts = rows.groupBy((F.col("value") % 10).alias("k")).count()
+    checkpoint = tmp_path / "ck"
+    query = (
+        counts.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        wait_for(
+            lambda: query.lastProgress if (checkpoint / "commits" / "3").exists() else None,
+            timeout=120,
+            what="four committed batches",
+        )
+    finally:
+        query.stop()
+    for log in ("offsets", "commits"):
+        assert stat.S_IMODE((checkpoint / log / "3").stat().st_mode) == 0o644
+    assert (checkpoint / "commits" / ".3.crc").exists()  # still checksummed
 
 
 def test_streaming_round_trip(

@@ -20,12 +20,16 @@ from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
 def setup(ctx: Context) -> None:
     """Check prerequisites and resolve the JVM artifacts from Maven Central (idempotent)."""
     from kappaflow.install import find_java, resolve_all
+    from kappaflow.install.localfs import build_local_fs
 
     settings = ctx.settings
     java = find_java()
     say(f"java {java.version} at {java.executable}")
     for line in resolve_all(settings):
         say(f"resolved {line}")
+    built = build_local_fs(settings)
+    if built is not None:
+        say(built)
     say(f"redis-server at {find_redis_server(settings.redis.binary)}")
     say(f"jars ready in {settings.jars_path}")
 

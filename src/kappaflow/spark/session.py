@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
+from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
 from kappaflow.settings import Settings
 
 _LOG4J2 = """\
@@ -68,6 +69,11 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # through spark.conf.
         "spark.pyspark.python": sys.executable,
     }
+    local_fs = local_fs_jar(settings) if spark.master.startswith("local") else None
+    if local_fs is not None:
+        # Checkpoint files without a chmod and a readlink process each (install/localfs.py).
+        conf["spark.driver.extraClassPath"] = str(local_fs.resolve())
+        conf.update(FILE_SYSTEM_CONF)
     conf.update(spark.conf)
     return conf
 

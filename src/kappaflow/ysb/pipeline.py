@@ -1,7 +1,7 @@
 """``ysb``: the Yahoo Streaming Benchmark's job on Spark Structured Streaming.
 
 Kafka -> parse JSON -> keep views -> (ad_id, event_time) -> join ad_id to campaign_id
-(the table read from Redis when the job starts, broadcast to every task) -> count per
+(the table read from Redis when the job starts, a map in the plan) -> count per
 campaign per 10-second event-time window -> Redis in the original layout, or a Kafka
 topic.
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -90,7 +90,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         raise JobError("aggregate=batch needs mode=microbatch and sink=redis")
     if aggregate not in ("batch", "state"):
         raise JobError(f"invalid aggregate {aggregate!r}: batch or state")
-    windowed = assign_windows(ctx.spark, raw, table)
+    windowed = assign_windows(raw, table)
     counts = count_windows(windowed, watermark_s)
     output_mode = "update"
     if aggregate == "batch":
@@ -119,16 +119,21 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     return [writer.start()]
 
 
-def assign_windows(spark: SparkSession, raw: DataFrame, table: dict[str, str]) -> DataFrame:
-    """(campaign_id, window_start ms) of every view: parse, filter, project, join, bucket."""
+def assign_windows(raw: DataFrame, table: dict[str, str]) -> DataFrame:
+    """(campaign_id, window_start ms) of every view: parse, filter, project, join, bucket.
+
+    The join is a lookup in a map literal of the 1,000 ads, compiled into the plan: the
+    same inner join as a broadcast hash join (views of unknown ads are dropped), without
+    broadcasting the table again in every micro-batch (170 ms of a 1 s batch here)."""
     events = raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e")).select(
         "e.*"
     )
-    views = events.where(F.col("event_type") == "view").select("ad_id", "event_time")
-    campaigns = spark.createDataFrame(sorted(table.items()), "ad_id STRING, campaign_id STRING")
-    joined = views.join(F.broadcast(campaigns), "ad_id")
-    start = F.floor(F.col("event_time").cast("long") / WINDOW_MS) * WINDOW_MS
-    return joined.select("campaign_id", start.alias("window_start"))
+    campaigns = F.create_map(*[F.lit(part) for pair in sorted(table.items()) for part in pair])
+    views = events.where(F.col("event_type") == "view").select(
+        campaigns[F.col("ad_id")].alias("campaign_id"),
+        (F.floor(F.col("event_time").cast("long") / WINDOW_MS) * WINDOW_MS).alias("window_start"),
+    )
+    return views.where(F.col("campaign_id").isNotNull())
 
 
 def count_windows(windowed: DataFrame, watermark_s: float) -> DataFrame:

@@ -40,12 +40,13 @@ test: setup lint
 	$(BIN)/pytest
 
 # Long runs with printed figures and result files under bench-results/; never part of test.
-# After the counting benchmark, a short YSB sweep of every engine (two rates, 20 s runs
-# after a 10 s warm-up; about ten minutes, the first Flink and Quix runs install them).
+# After the counting benchmark, a YSB sweep of every engine (three rates, 30 s runs after
+# a 60 s warm-up, as the JIT needs; about 40 minutes, the first Flink and Quix runs
+# install them).
 bench: setup
 	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count --events 1000000 --out bench-results/count
-	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench ysb-sweep --rates 10000,40000 \
-		--duration 20 --warmup 10 --out bench-results/ysb-sweep
+	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench ysb-sweep --rates 20000,50000,100000 \
+		--duration 30 --warmup 60 --partitions 2 --out bench-results/ysb-sweep
 
 # A million distinct keys in 1-minute windows, a 4 GiB driver: about five minutes.
 bench-scale: setup

@@ -48,9 +48,10 @@ sink_option = click.option(
 warmup_option = click.option(
     "--warmup",
     type=click.FloatRange(min=0),
-    default=10.0,
+    default=60.0,
     show_default=True,
-    help="seconds of events at the run's rate sent and counted before the measured run",
+    help="seconds of events at the run's rate sent and counted before the measured run "
+    "(the JVM engines' JIT compilers are busy for a minute or more)",
 )
 processes_option = click.option(
     "--processes", type=click.IntRange(min=1), default=1, show_default=True

@@ -65,7 +65,7 @@ class RunSpec:
     #: The original's default, and the fastest here: on 2 cores, every extra task in a
     #: micro-batch costs more in scheduling than it brings in parallelism.
     partitions: int = 1
-    warmup_s: float = 10.0
+    warmup_s: float = 60.0
     #: Micro-batch with the Redis sink only: "batch" (stateless, the default) or "state".
     aggregate: str | None = None
     #: Real-time mode only: seconds each real-time batch runs (the pipeline's ``batch``).

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from conftest import RunCli, start_clean_job
+from kappaflow.install.localfs import local_fs_jar
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
@@ -48,11 +50,15 @@ def test_session_is_configured_from_settings(spark: SparkSession, kafka: Setting
     )
 
 
-def test_checkpoint_files_go_through_java_nio(spark: SparkSession, tmp_path: Path) -> None:
+def test_checkpoint_files_go_through_java_nio(
+    spark: SparkSession, kafka: Settings, tmp_path: Path
+) -> None:
     """Without Hadoop's native library, its local file system runs chmod and readlink
     processes for every checkpoint file (about 120 per batch of a stateful query on two
     partitions). Setup's java.nio file system (install/localfs.py) serves ``file:``
     paths instead, for both Hadoop APIs, and checkpoints keep their usual permissions."""
+    if local_fs_jar(kafka) is None:
+        pytest.skip("setup found no javac, so Spark uses Hadoop's own local file system")
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -85,6 +91,16 @@ def test_checkpoint_files_go_through_java_nio(spark: SparkSession, tmp_path: Pat
     for log in ("offsets", "commits"):
         assert stat.S_IMODE((checkpoint / log / "3").stat().st_mode) == 0o644
     assert (checkpoint / "commits" / ".3.crc").exists()  # still checksummed
+
+
+def test_a_users_class_path_keeps_the_local_file_system(kafka: Settings) -> None:
+    jar = local_fs_jar(kafka)
+    if jar is None:
+        pytest.skip("setup found no javac, so Spark uses Hadoop's own local file system")
+    spark = kafka.spark.model_copy(update={"conf": {"spark.driver.extraClassPath": "/opt/x.jar"}})
+    conf = session_conf(kafka.model_copy(update={"spark": spark}), "x")
+    assert conf["spark.driver.extraClassPath"].split(":") == ["/opt/x.jar", str(jar.resolve())]
+    assert conf["spark.hadoop.fs.file.impl"] == "io.kappaflow.hadoop.NioLocalFileSystem"
 
 
 def test_streaming_round_trip(

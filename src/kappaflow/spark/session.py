@@ -72,9 +72,12 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     local_fs = local_fs_jar(settings) if spark.master.startswith("local") else None
     if local_fs is not None:
         # Checkpoint files without a chmod and a readlink process each (install/localfs.py).
-        conf["spark.driver.extraClassPath"] = str(local_fs.resolve())
         conf.update(FILE_SYSTEM_CONF)
     conf.update(spark.conf)
+    if local_fs is not None:
+        # After the user's options, so that a class path of theirs keeps ours too.
+        class_path = [conf.get("spark.driver.extraClassPath"), str(local_fs.resolve())]
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(p for p in class_path if p)
     return conf
 
 

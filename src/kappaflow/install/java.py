@@ -26,15 +26,20 @@ class JavaInfo:
     version: str
 
 
+def jdk_tool(name: str) -> Path | None:
+    """A JDK program (``java``, ``javac``) from ``$JAVA_HOME/bin``, else from ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / name).is_file():
+        return Path(home) / "bin" / name
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
 def find_java() -> JavaInfo:
     """The ``java`` from ``$JAVA_HOME`` or ``PATH``, checked to be 17 or newer."""
-    home = os.environ.get("JAVA_HOME")
-    candidate = Path(home) / "bin" / "java" if home else None
-    if candidate is None or not candidate.exists():
-        found = shutil.which("java")
-        if found is None:
-            raise SetupError(f"Java not found: {_HOW}")
-        candidate = Path(found)
+    candidate = jdk_tool("java")
+    if candidate is None:
+        raise SetupError(f"Java not found: {_HOW}")
     try:
         out = subprocess.run(
             [str(candidate), "-version"], capture_output=True, text=True, timeout=30, check=False

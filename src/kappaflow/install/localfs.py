@@ -18,8 +18,6 @@ Hadoop's default, which is correct, only slower.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
 import tempfile
 import zipfile
@@ -28,6 +26,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from kappaflow.errors import SetupError
+from kappaflow.install.java import jdk_tool
 from kappaflow.settings import Settings
 
 JAR_NAME = "kappaflow-localfs.jar"
@@ -82,19 +81,11 @@ def local_fs_jar(settings: Settings) -> Path | None:
     return jar
 
 
-def _find_javac() -> Path | None:
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "javac").is_file():
-        return Path(home) / "bin" / "javac"
-    found = shutil.which("javac")
-    return Path(found) if found else None
-
-
 def build_local_fs(settings: Settings) -> str | None:
     """Compile the jar if it is missing or stale; return what was done, or why not."""
     if local_fs_jar(settings) is not None:
         return None
-    javac = _find_javac()
+    javac = jdk_tool("javac")
     if javac is None:
         return (
             "javac not found, so Spark's checkpoints use Hadoop's default local file system, "

@@ -341,6 +341,39 @@ def test_bench_ysb_flink_end_to_end(serving: Settings, peer_engines: Path, tmp_p
     assert _no_flink_left(str(peer_engines.resolve() / "flink" / "state" / "ysb-flink-"))
 
 
+@pytest.mark.timeout(600)
+def test_bench_ysb_quix_end_to_end(serving: Settings, peer_engines: Path, tmp_path: Path) -> None:
+    """Quix Streams, in its own virtual environment, through the Kafka sink: every window
+    it published is checked against the log."""
+    out = tmp_path / "run"
+    result = run_kappaflow(
+        serving,
+        *("bench", "ysb", "--engine", "quix", "--sink", "kafka", "--rate", "2000"),
+        *("--duration", "22", "--warmup", "0", "--out", str(out)),
+        timeout=580,
+    )
+    assert result.code == 0, result.err
+    summary = json.loads((out / "result.json").read_text())
+    assert (summary["engine"], summary["sink"]) == ("quix", "kafka")
+    assert summary["mismatched_windows"] == 0 and summary["events"] >= 46_000
+    assert summary["windows_measured"] > 0 and summary["latency_ms"]["p50"] is not None
+    assert summary["versions"]["engine"].startswith("quixstreams ")
+    assert "quix app running" in (out / "engine.log").read_text()
+    wait_for(
+        lambda: (
+            True
+            if not any(t.startswith("ysb") or "ysb-quix" in t for t in _topics(serving))
+            else None
+        ),
+        timeout=30,
+        what="the run's topics (and Quix's repartition and changelog topics) to be deleted",
+    )
+    assert not any(
+        "kappaflow.ysb.quix_app" in " ".join(proc.info["cmdline"] or ())
+        for proc in psutil.process_iter(["cmdline"])
+    )
+
+
 @pytest.mark.timeout(900)
 def test_bench_ysb_sweep_of_flink_with_the_kafka_sink(
     serving: Settings, peer_engines: Path, tmp_path: Path

@@ -27,13 +27,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from kappaflow.counting.realtime import realtime_master
 from kappaflow.counting.sink import topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.kafka.topics import create_topic, delete_topic, list_topics, topic_partitions
+from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
@@ -69,6 +68,8 @@ class CountBenchResult:
 
 #: Seconds a latency run sends at its rate before it starts measuring.
 WARM_SECONDS = 60.0
+#: The benchmark's measurements, in the order it runs them; a run may pick some.
+PARTS = ("ceiling", "throughput", "sustained", "latency", "realtime")
 
 
 def event(rng: random.Random, n: int, keys: int, ts: int) -> bytes:
@@ -148,9 +149,6 @@ def run_count_job(
         available_now=available_now,
         realtime=realtime,
     )
-    if realtime:
-        master = realtime_master(settings, len(topic_partitions(settings.kafka, topic)))
-        overrides = {**overrides, "spark": {**overrides.get("spark", {}), "master": master}}
     jobs = JobManager(settings)
     jobs.start(name, "count", spec.to_params(), overrides=overrides)
     return jobs, time.perf_counter()
@@ -368,9 +366,12 @@ def run(
     latency_seconds: float,
     out_dir: Path,
     overrides: dict[str, Any],
+    parts: tuple[str, ...] = PARTS,
 ) -> CountBenchResult:
-    topic = f"bench.count.{uuid.uuid4().hex[:6]}"
-    create_topic(settings.kafka, topic, partitions=2)
+    """The measurements named in ``parts`` (all by default); the others stay empty."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"unknown benchmark parts {unknown}; known: {', '.join(PARTS)}")
     result = CountBenchResult(
         events=events, keys=keys, event_bytes=len(event(random.Random(0), 0, keys, 0))
     )
@@ -380,27 +381,40 @@ def run(
         "platform": platform.platform(),
         # Other work on the machine shows here; the figures are only as quiet as this.
         "load_average_at_start": os.getloadavg()[0],
+        "parts": list(parts),
     }
-    result.produce_rate = produce_backlog(settings, topic, events, keys)
-    result.ceiling_consumer_rate = ceiling_consumer(settings, topic, events)
-    result.ceiling_spark_rate = ceiling_spark(settings, topic)
-    result.throughput_rate, result.throughput_seconds = measure_throughput(
-        settings, topic, events, overrides
-    )
-    result.sustained_rate, result.sustained_seconds = measure_sustained(
-        settings, events, keys, overrides
-    )
-    samples = measure_latency(settings, latency_rate, latency_seconds, keys, overrides)
-    result.latency_rate, result.latency_seconds = latency_rate, latency_seconds
-    result.latency_samples = len(samples)
-    result.latency_p50_s = percentile(samples, 0.5)
-    result.latency_p99_s = percentile(samples, 0.99)
-    realtime_ms = measure_realtime_latency(settings, latency_rate, latency_seconds, keys, overrides)
-    result.realtime_rate, result.realtime_seconds = latency_rate, latency_seconds
-    result.realtime_samples = len(realtime_ms)
-    result.realtime_p50_ms = percentile(realtime_ms, 0.5)
-    result.realtime_p99_ms = percentile(realtime_ms, 0.99)
-    clean_up(settings, [topic], [])
+    if "ceiling" in parts or "throughput" in parts:
+        topic = f"bench.count.{uuid.uuid4().hex[:6]}"
+        create_topic(settings.kafka, topic, partitions=2)
+        result.produce_rate = produce_backlog(settings, topic, events, keys)
+        if "ceiling" in parts:
+            result.ceiling_consumer_rate = ceiling_consumer(settings, topic, events)
+            result.ceiling_spark_rate = ceiling_spark(settings, topic)
+        if "throughput" in parts:
+            result.throughput_rate, result.throughput_seconds = measure_throughput(
+                settings, topic, events, overrides
+            )
+        clean_up(settings, [topic], [])
+    if "sustained" in parts:
+        result.sustained_rate, result.sustained_seconds = measure_sustained(
+            settings, events, keys, overrides
+        )
+    samples: list[float] = []
+    if "latency" in parts:
+        samples = measure_latency(settings, latency_rate, latency_seconds, keys, overrides)
+        result.latency_rate, result.latency_seconds = latency_rate, latency_seconds
+        result.latency_samples = len(samples)
+        result.latency_p50_s = percentile(samples, 0.5)
+        result.latency_p99_s = percentile(samples, 0.99)
+    realtime_ms: list[float] = []
+    if "realtime" in parts:
+        realtime_ms = measure_realtime_latency(
+            settings, latency_rate, latency_seconds, keys, overrides
+        )
+        result.realtime_rate, result.realtime_seconds = latency_rate, latency_seconds
+        result.realtime_samples = len(realtime_ms)
+        result.realtime_p50_ms = percentile(realtime_ms, 0.5)
+        result.realtime_p99_ms = percentile(realtime_ms, 0.99)
     result.machine["load_average_at_end"] = os.getloadavg()[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")

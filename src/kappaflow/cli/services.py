@@ -207,6 +207,12 @@ def bench() -> None:
 @click.option("--latency-rate", default=20_000, show_default=True, help="events/s, steady")
 @click.option("--latency-seconds", default=60.0, show_default=True)
 @click.option(
+    "--parts",
+    default="all",
+    show_default=True,
+    help="comma-separated: ceiling, throughput, sustained, latency, realtime",
+)
+@click.option(
     "--out",
     "out_dir",
     default="bench-results/count",
@@ -215,11 +221,23 @@ def bench() -> None:
 )
 @pass_context
 def bench_count(
-    ctx: Context, events: int, keys: int, latency_rate: int, latency_seconds: float, out_dir: Path
+    ctx: Context,
+    events: int,
+    keys: int,
+    latency_rate: int,
+    latency_seconds: float,
+    parts: str,
+    out_dir: Path,
 ) -> None:
     """Counting throughput (1-minute windows) and latency, with the read ceiling."""
-    from kappaflow.bench.counting import run
+    from kappaflow.bench.counting import PARTS, run
 
+    chosen = PARTS if parts == "all" else tuple(p.strip() for p in parts.split(",") if p.strip())
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or 'nothing'}: pick from {', '.join(PARTS)}", param_hint="--parts"
+        )
     svc.up(ctx.settings)
     result = run(
         ctx.settings,
@@ -229,33 +247,35 @@ def bench_count(
         latency_seconds=latency_seconds,
         out_dir=out_dir,
         overrides=ctx.overrides,
+        parts=chosen,
     )
-    p50 = f"{result.latency_p50_s:.2f}s" if result.latency_p50_s is not None else "-"
-    p99 = f"{result.latency_p99_s:.2f}s" if result.latency_p99_s is not None else "-"
     table(
         "counting benchmark",
         ["measure", "value"],
         [
             ["events x bytes", f"{result.events} x {result.event_bytes}"],
             ["keys", result.keys],
-            ["produce rate (backlog)", f"{result.produce_rate:,.0f}/s"],
-            ["ceiling: Spark Kafka read", f"{result.ceiling_spark_rate:,.0f}/s"],
-            ["ceiling: confluent-kafka consumer", f"{result.ceiling_consumer_rate:,.0f}/s"],
+            ["produce rate (backlog)", _rate(result.produce_rate)],
+            ["ceiling: Spark Kafka read", _rate(result.ceiling_spark_rate)],
+            ["ceiling: confluent-kafka consumer", _rate(result.ceiling_consumer_rate)],
             [
                 "count job, new, on the backlog",
-                f"{result.throughput_rate:,.0f}/s ({result.throughput_seconds:.0f}s)",
+                _rate(result.throughput_rate, result.throughput_seconds),
             ],
             [
                 "  as a share of the Spark ceiling",
                 f"{result.throughput_rate / result.ceiling_spark_rate:.1%}"
-                if result.ceiling_spark_rate
+                if result.ceiling_spark_rate and result.throughput_rate
                 else "-",
             ],
             [
                 "count job, warmed up, fed as fast as possible",
-                f"{result.sustained_rate:,.0f}/s ({result.sustained_seconds:.0f}s)",
+                _rate(result.sustained_rate, result.sustained_seconds),
             ],
-            [f"micro-batch latency p50 / p99 at {result.latency_rate}/s", f"{p50} / {p99}"],
+            [
+                f"micro-batch latency p50 / p99 at {result.latency_rate}/s",
+                f"{_s(result.latency_p50_s)} / {_s(result.latency_p99_s)}",
+            ],
             [
                 f"real-time latency p50 / p99 at {result.realtime_rate}/s",
                 f"{_ms(result.realtime_p50_ms)} / {_ms(result.realtime_p99_ms)}",
@@ -323,6 +343,17 @@ def bench_count_scale(
         f"{result.max_window_keys:,}; driver RSS at most {result.max_rss_bytes / 2**30:.2f} GiB"
     )
     say(f"wrote {out_dir / 'result.json'}")
+
+
+def _rate(per_second: float, seconds: float | None = None) -> str:
+    """Events/s for the table; "-" for a measurement the run did not make."""
+    if not per_second:
+        return "-"
+    return f"{per_second:,.0f}/s" + (f" ({seconds:.0f}s)" if seconds else "")
+
+
+def _s(value: float | None) -> str:
+    return f"{value:.2f}s" if value is not None else "-"
 
 
 def _ms(value: float | None) -> str:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from confluent_kafka import Producer
@@ -367,6 +370,29 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
         assert len({partition for _, partition in seen}) == 1, f"{key!r} in two partitions"
     status = json.loads(cli("count", "status", job_name).out)
     assert status["state"] == "running" and status["counted"] == 30
+
+    # The real-time query runs in a driver process of its own, the job's main driver's
+    # child; killed, the main driver takes it down with it: nothing is left running.
+    home = serving.jobs_dir / job_name
+    driver = JobManager(serving).get(job_name).pid
+    part = json.loads((home / "realtime.json").read_text())
+    assert part["state"] == "running" and part["pid"] != driver
+    assert psutil.Process(part["pid"]).ppid() == driver
+    os.kill(driver, signal.SIGKILL)
+    wait_for(
+        lambda: True if _gone(part["pid"]) else None,
+        timeout=60,
+        what="the real-time part to stop after its job's driver was killed",
+    )
+    assert json.loads((home / "realtime.json").read_text())["state"] == "stopped"
+    assert "main driver is gone" in (home / "realtime.log").read_text()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_session_windows(

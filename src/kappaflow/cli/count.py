@@ -12,7 +12,6 @@ from kappaflow.cli.output import json_line, say
 from kappaflow.counting.spec import CountSpec, millis
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
-from kappaflow.kafka.topics import topic_partitions
 from kappaflow.serving.client import redis_client
 from kappaflow.spark.jobs import JobManager
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -95,18 +94,8 @@ def start(
         available_now=available_now,
     )
     redis_client(ctx.settings)  # fail here, not in the background, if Redis is down
-    overrides = dict(ctx.overrides)
-    if realtime:
-        from kappaflow.counting.realtime import realtime_master
-
-        overrides["spark"] = {
-            **overrides.get("spark", {}),
-            "master": realtime_master(
-                ctx.settings, len(topic_partitions(ctx.settings.kafka, source))
-            ),
-        }
     record = JobManager(ctx.settings).start(
-        name, PIPELINE, spec.to_params(), overrides=overrides, config_file=ctx.config_file
+        name, PIPELINE, spec.to_params(), overrides=ctx.overrides, config_file=ctx.config_file
     )
     say(f"count job {name} {record.state} (pid {record.pid})")
 

@@ -9,6 +9,8 @@ them, so the operator can count them as corrections or report them as late.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -29,12 +31,30 @@ from kappaflow.counting.sink import BatchWriter, topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.topics import create_topic, topic_partitions
-from kappaflow.pipelines.base import JobContext, Pipeline, register
+from kappaflow.pipelines.base import JobContext, Part, Pipeline, register
 from kappaflow.serving.client import redis_client
+from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream
 
+#: The part of a ``--realtime`` job that runs the real-time query (pipelines.base.Part).
+REALTIME_PART = "realtime"
 
-@register("count")
+
+def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
+    """With ``--realtime``, the real-time query runs in a driver process of its own.
+
+    Beside the micro-batch query in one JVM it stalled: a micro-batch's tasks, its
+    garbage and the shared task scheduler held it up, and at 20,000 events/s on two
+    cores it fell seconds behind (see README, "Counting benchmark")."""
+    spec = CountSpec.from_params(dict(params))
+    if not spec.realtime:
+        return []
+    partitions = len(topic_partitions(settings.kafka, spec.source))
+    master = realtime.realtime_master(settings, partitions)
+    return [Part(REALTIME_PART, {"spark": {"master": master}})]
+
+
+@register("count", parts=parts)
 def count() -> Pipeline:
     return run
 
@@ -44,6 +64,18 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     kafka = ctx.settings.kafka
     partitions = len(topic_partitions(kafka, spec.source))
     topics = topics_of(ctx.name)
+    if ctx.part == REALTIME_PART:
+        return [
+            realtime.start(
+                ctx.spark,
+                ctx.settings,
+                spec,
+                f"{ctx.name}.realtime",
+                topics["counts"],
+                str(ctx.checkpoint_dir / "realtime"),
+                partitions,
+            )
+        ]
     for name in (topics["counts"], topics["late"], topics["dlq"]):
         create_topic(kafka, name, partitions=partitions, exist_ok=True)
     create_topic(
@@ -62,20 +94,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         if spec.available_now
         else writer.trigger(processingTime="0 seconds")
     )
-    queries = [writer.start()]
-    if spec.realtime:
-        queries.append(
-            realtime.start(
-                ctx.spark,
-                ctx.settings,
-                spec,
-                f"{ctx.name}.realtime",
-                topics["counts"],
-                str(ctx.checkpoint_dir / "realtime"),
-                partitions,
-            )
-        )
-    return queries
+    return [writer.start()]
 
 
 def build(raw: DataFrame, spec: CountSpec) -> DataFrame:

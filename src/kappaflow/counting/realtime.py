@@ -1,8 +1,9 @@
 """Provisional counts in Spark's real-time mode, beside the exactly-once micro-batch path.
 
-With ``--realtime`` a counting job runs a second query over the same source: Spark's
-own windowed count, in real-time mode (long-running tasks that process each record as
-it arrives, Spark 4.3), written to ``NAME.counts`` as soon as a count changes. These
+With ``--realtime`` a counting job runs a second query over the same source, in a
+driver process (and JVM) of its own beside the job's main one: Spark's own windowed
+count, in real-time mode (long-running tasks that process each record as it arrives,
+Spark 4.3), written to ``NAME.counts`` as soon as a count changes. These
 records have ``"mode": "realtime"``: they are early previews, at least once, without
 ``--id`` dedup, and an event behind that query's watermark is simply not in them. The
 micro-batch path stays the authority: its records (``"mode": "micro-batch"``) are the
@@ -14,7 +15,6 @@ whole batch: the source's partitions plus as many shuffle partitions.
 
 from __future__ import annotations
 
-import os
 import re
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -38,20 +38,15 @@ def slots_needed(partitions: int) -> int:
 
 
 def realtime_master(settings: Settings, partitions: int) -> str:
-    """A local master with task slots for the real-time query on top of the usual ones.
+    """The master of the real-time query's own driver (pipeline.parts).
 
     Real-time mode holds a slot per task for as long as it runs, and fails when they are
-    not all free at once; in local mode slots are threads, so enough are added for the
-    micro-batch query's busiest stage besides. A cluster master is kept: it needs the
-    free slots."""
+    not all free at once; a local master gets exactly those slots (threads). A cluster
+    master is kept: it needs the free slots."""
     master = settings.spark.master
-    found = re.fullmatch(r"local\[(\*|\d+)\]", master)
-    if found is None:
+    if re.fullmatch(r"local\[(\*|\d+)\]", master) is None:
         return master
-    cores = (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
-    # A micro-batch stage may run as many tasks at once as it has partitions.
-    busiest = max(cores, partitions, settings.spark.shuffle_partitions)
-    return f"local[{busiest + slots_needed(partitions)}]"
+    return f"local[{slots_needed(partitions)}]"
 
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:

@@ -183,11 +183,15 @@ class JobManager:
         return record
 
     def progress(self, name: str) -> dict[str, Any]:
-        path = self.job_dir(name) / "progress.json"
-        if not path.exists():
-            return {}
-        loaded: dict[str, Any] = json.loads(path.read_text())
-        return loaded
+        """The last progress of each of the job's queries, its parts' included."""
+        found: dict[str, Any] = {}
+        home = self.job_dir(name)
+        for path in [home / "progress.json", *sorted(home.glob("progress.*.json"))]:
+            try:
+                found.update(json.loads(path.read_text()))
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue
+        return found
 
     def log_lines(self, name: str, lines: int = 50) -> list[str]:
         self.get(name)

@@ -1,9 +1,14 @@
 """The driver process of one job: ``python -m kappaflow.spark.runner --kappaflow-job=DIR``.
 
-It builds the session, starts the pipeline's queries, records ``running``, then watches:
-SIGTERM or SIGINT stops the queries (each finishes or abandons its batch cleanly and the
-checkpoint stays consistent), a failed query ends the job as ``failed``, and queries that
-end by themselves (available-now) end it as ``finished``.
+It builds the session, starts the pipeline's queries and the job's parts (spark/parts.py),
+records ``running``, then watches: SIGTERM or SIGINT stops the parts and the queries
+(each finishes or abandons its batch cleanly and the checkpoint stays consistent), a
+failed query or part ends the job as ``failed``, and queries that end by themselves
+(available-now) end it as ``finished``.
+
+With ``--kappaflow-part=NAME`` it is the driver of one part of the job instead: the
+same, for the part's queries only, recording its state beside the job's, and stopping
+when the job's main driver is gone.
 """
 
 from __future__ import annotations
@@ -14,16 +19,25 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kappaflow.errors import KappaflowError
+from kappaflow.errors import JobError, KappaflowError
 from kappaflow.spark.jobs import JobRecord
+from kappaflow.spark.parts import PART_ARG, PartProcesses, write_part_state
 from kappaflow.timeutil import iso
 
+if TYPE_CHECKING:
+    from kappaflow.settings import Settings
+
 POLL_S = 0.5
+#: How long a part's queries may take to start (a new JVM, Python workers, the source).
+PART_START_TIMEOUT_S = 150.0
+#: How long a part may take to stop its queries when the job stops.
+PART_STOP_TIMEOUT_S = 30.0
 
 
 def main(argv: list[str]) -> int:
@@ -33,10 +47,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m kappaflow.spark.runner --kappaflow-job=DIR", file=sys.stderr)
         return 2
     home = Path(job_arg[len(prefix) :])
+    part = next((arg[len(PART_ARG) :] for arg in argv if arg.startswith(PART_ARG)), None)
     record_path = home / "job.json"
     record = JobRecord.load(record_path)
-    record.pid = os.getpid()
-    record.save(record_path)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -45,6 +58,10 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    if part is not None:
+        return _run_part(record, home, part, stop)
+    record.pid = os.getpid()
+    record.save(record_path)
     try:
         return _run(record, record_path, home, stop)
     except KappaflowError as exc:
@@ -57,21 +74,101 @@ def main(argv: list[str]) -> int:
         return 1
 
 
+def _settings(record: JobRecord, extra: Mapping[str, Any] | None = None) -> Settings:
+    """The job's settings; ``extra`` overrides (a part's) go over the job's own."""
+    from kappaflow.settings import load_settings
+
+    overrides = dict(record.overrides)
+    for key, value in (extra or {}).items():
+        current = overrides.get(key)
+        if isinstance(current, dict) and isinstance(value, Mapping):
+            overrides[key] = {**current, **value}
+        else:
+            overrides[key] = value
+    config_file = Path(record.config_file) if record.config_file else None
+    return load_settings(config_file, **overrides)
+
+
 def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event) -> int:
     from kappaflow.pipelines import get_pipeline
-    from kappaflow.pipelines.base import JobContext
-    from kappaflow.settings import load_settings
+    from kappaflow.pipelines.base import JobContext, pipeline_parts
     from kappaflow.spark.session import build_session
 
-    config_file = Path(record.config_file) if record.config_file else None
-    settings = load_settings(config_file, **record.overrides)
+    settings = _settings(record)
     spark = build_session(settings, app_name=f"kappaflow:{record.name}")
     ctx = JobContext(record.name, record.params, spark, settings)
     queries = get_pipeline(record.pipeline)(ctx)
+    parts = PartProcesses(home, pipeline_parts(record.pipeline, record.params, settings))
+    try:
+        parts.start(timeout=PART_START_TIMEOUT_S)
+    except BaseException:
+        parts.stop(timeout=PART_STOP_TIMEOUT_S)
+        raise
     record.state = "running"
     record.save(record_path)
-    print(f"job {record.name} running: {len(queries)} queries", flush=True)
-    progress_path = home / "progress.json"
+    print(f"job {record.name} running: {len(queries)} queries, parts {parts.names}", flush=True)
+    state, error = _watch(queries, stop, home / "progress.json", parts.failure)
+    parts.stop(timeout=PART_STOP_TIMEOUT_S)
+    for query in queries:
+        query.stop()
+    _finish(record, record_path, state, error)
+    if state == "stopped":
+        spark.stop()
+    return 1 if state == "failed" else 0
+
+
+def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -> int:
+    """The driver of one part of the job: its queries, until stopped or orphaned."""
+    from kappaflow.pipelines import get_pipeline
+    from kappaflow.pipelines.base import JobContext, pipeline_parts
+    from kappaflow.spark.session import build_session
+
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        while not stop.wait(POLL_S):
+            if os.getppid() != parent:
+                print("the job's main driver is gone: stopping", flush=True)
+                stop.set()
+
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+    try:
+        settings = _settings(record)
+        spec = next(
+            (p for p in pipeline_parts(record.pipeline, record.params, settings) if p.name == part),
+            None,
+        )
+        if spec is None:
+            raise JobError(f"pipeline {record.pipeline!r} has no part {part!r} for these params")
+        settings = _settings(record, spec.overrides)
+        spark = build_session(settings, app_name=f"kappaflow:{record.name}:{part}")
+        ctx = JobContext(record.name, record.params, spark, settings, part=part)
+        queries = get_pipeline(record.pipeline)(ctx)
+    except Exception as exc:
+        traceback.print_exc()
+        write_part_state(home, part, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return 1
+    write_part_state(home, part, "running")
+    print(f"job {record.name} part {part} running: {len(queries)} queries", flush=True)
+    state, error = _watch(queries, stop, home / f"progress.{part}.json", lambda: None)
+    for query in queries:
+        query.stop()
+    write_part_state(home, part, state, error)
+    print(f"job {record.name} part {part} {state}" + (f": {error}" if error else ""), flush=True)
+    if state == "stopped":
+        spark.stop()
+    return 1 if state == "failed" else 0
+
+
+def _watch(
+    queries: list[Any],
+    stop: threading.Event,
+    progress_path: Path,
+    failure: Callable[[], str | None],
+) -> tuple[str, str | None]:
+    """Log batches and keep ``progress_path`` current until ``stop`` is set ("stopped"),
+    a query fails or ``failure`` names one ("failed", why), or every query has ended by
+    itself ("finished")."""
     last_written = ""
     logged: dict[str, int] = {}
     while not stop.wait(POLL_S):
@@ -87,19 +184,13 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
             last_written = snapshot
         failed = [q for q in queries if not q.isActive and q.exception() is not None]
         if failed:
-            error = str(failed[0].exception()).splitlines()[0]
-            for query in queries:
-                query.stop()
-            _finish(record, record_path, "failed", error)
-            return 1
+            return "failed", str(failed[0].exception()).splitlines()[0]
+        other = failure()
+        if other is not None:
+            return "failed", other
         if all(not q.isActive for q in queries):
-            _finish(record, record_path, "finished", None)
-            return 0
-    for query in queries:
-        query.stop()
-    _finish(record, record_path, "stopped", None)
-    spark.stop()
-    return 0
+            return "finished", None
+    return "stopped", None
 
 
 def _log_batches(queries: list[Any], logged: dict[str, int]) -> None:

@@ -1,0 +1,111 @@
+"""A job's parts (``pipelines.base.Part``): driver processes beside the job's main driver.
+
+The main driver starts each part once its own queries run, waits until the part's
+queries run too, watches it while the job runs, and stops it when the job stops. A part
+writes its state to ``<job dir>/<part>.json`` and its log to ``<job dir>/<part>.log``;
+it watches its parent and stops by itself when the main driver is gone (killed), so a
+crashed job leaves no part running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+from kappaflow.errors import JobError
+from kappaflow.pipelines.base import Part
+from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
+
+PART_ARG = "--kappaflow-part="
+
+
+def part_process(home: Path, part: str) -> ManagedProcess:
+    return ManagedProcess(
+        f"job part {part}",
+        home / f"{part}.pid",
+        (f"--kappaflow-job={home} {PART_ARG}{part}",),
+    )
+
+
+def write_part_state(home: Path, part: str, state: str, error: str | None = None) -> None:
+    path = home / f"{part}.json"
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps({"state": state, "pid": os.getpid(), "error": error}) + "\n")
+    scratch.replace(path)
+
+
+def read_part_state(home: Path, part: str) -> dict[str, str | None]:
+    try:
+        loaded: dict[str, str | None] = json.loads((home / f"{part}.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"state": None, "error": None}
+    return loaded
+
+
+class PartProcesses:
+    """The parts of one job, seen from its main driver."""
+
+    def __init__(self, home: Path, parts: list[Part]) -> None:
+        self.home = home
+        self.names = [part.name for part in parts]
+
+    def start(self, timeout: float) -> None:
+        """Start every part; return once all of their queries run."""
+        for name in self.names:
+            process = part_process(self.home, name)
+            # A part of an earlier run whose driver was killed stops by itself within a
+            # poll; one still there must not share the checkpoint with the new one.
+            process.stop(timeout=10)
+            (self.home / f"{name}.json").unlink(missing_ok=True)
+            argv = [
+                sys.executable,
+                "-m",
+                "kappaflow.spark.runner",
+                f"--kappaflow-job={self.home}",
+                f"{PART_ARG}{name}",
+            ]
+            env = dict(os.environ)
+            env.setdefault("PYSPARK_PYTHON", sys.executable)
+            process.spawn(argv, log_file=self.home / f"{name}.log", env=env)
+        for name in self.names:
+            wait_for(
+                partial(self._running, name),
+                timeout=timeout,
+                interval=0.5,
+                what=f"job part {name} to start",
+            )
+
+    def _running(self, name: str) -> bool | None:
+        if read_part_state(self.home, name).get("state") == "running":
+            return True
+        failure = self._failure(name)
+        if failure is not None:
+            raise JobError(failure)
+        return None
+
+    def failure(self) -> str | None:
+        """Why a part ended while the job runs, or None while all of them run."""
+        for name in self.names:
+            failure = self._failure(name)
+            if failure is not None:
+                return failure
+        return None
+
+    def _failure(self, name: str) -> str | None:
+        if part_process(self.home, name).status().state is ProcState.RUNNING:
+            return None
+        recorded = read_part_state(self.home, name)
+        if recorded.get("error"):
+            return f"part {name} failed: {recorded['error']}"
+        last = tail(self.home / f"{name}.log", 1)
+        return (
+            f"part {name} exited ({recorded.get('state') or 'before it ran'}): "
+            f"{last[-1] if last else '?'} (log: {self.home / f'{name}.log'})"
+        )
+
+    def stop(self, timeout: float) -> None:
+        for name in self.names:
+            part_process(self.home, name).stop(timeout=timeout)

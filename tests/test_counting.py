@@ -370,6 +370,7 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
         assert len({partition for _, partition in seen}) == 1, f"{key!r} in two partitions"
     status = json.loads(cli("count", "status", job_name).out)
     assert status["state"] == "running" and status["counted"] == 30
+    assert status["realtime"] == "running"
 
     # The real-time query runs in a driver process of its own, the job's main driver's
     # child; killed, the main driver takes it down with it: nothing is left running.
@@ -386,6 +387,8 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
     )
     assert json.loads((home / "realtime.json").read_text())["state"] == "stopped"
     assert "main driver is gone" in (home / "realtime.log").read_text()
+    status = json.loads(cli("count", "status", job_name).out)
+    assert (status["state"], status["realtime"]) == ("crashed", "stopped")
 
 
 def _gone(pid: int) -> bool:

@@ -9,11 +9,12 @@ from confluent_kafka import TopicPartition
 
 from kappaflow.cli.app import Context, pass_context
 from kappaflow.cli.output import json_line, say
-from kappaflow.counting.spec import CountSpec, millis
+from kappaflow.counting.spec import REALTIME_PART, CountSpec, millis
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
 from kappaflow.serving.client import redis_client
 from kappaflow.spark.jobs import JobManager
+from kappaflow.spark.parts import part_state
 from kappaflow.timeutil import from_epoch_ms, iso
 
 PIPELINE = "count"
@@ -124,10 +125,15 @@ def status(ctx: Context, name: str) -> None:
     counted, dups = stats.get("counted", 0), stats.get("duplicates", 0)
     late, dead = stats.get("late", 0), stats.get("dlq", 0)
     operators = progress.get("stateOperators") or [{}]
+    parts = {}
+    if CountSpec.from_params(record.params).realtime:
+        # The real-time query's driver process (counting/pipeline.py, REALTIME_PART).
+        parts["realtime"] = part_state(jobs.job_dir(name), REALTIME_PART)
     json_line(
         {
             "name": name,
             "state": record.state,
+            **parts,
             "events_read": counted + dups + late + dead,
             "counted": counted,
             "duplicates_dropped": dups,

@@ -28,16 +28,13 @@ from kappaflow.counting.processor import (
 )
 from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter, topics_of
-from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.pipelines.base import JobContext, Part, Pipeline, register
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream
-
-#: The part of a ``--realtime`` job that runs the real-time query (pipelines.base.Part).
-REALTIME_PART = "realtime"
 
 
 def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:

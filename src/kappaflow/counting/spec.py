@@ -11,6 +11,10 @@ from kappaflow.timeutil import parse_duration
 
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
+#: The part of a ``--realtime`` job that runs the real-time query in a driver process of
+#: its own (pipelines.base.Part, counting/pipeline.py).
+REALTIME_PART = "realtime"
+
 
 @dataclass(frozen=True)
 class CountSpec:

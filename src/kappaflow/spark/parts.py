@@ -14,10 +14,13 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kappaflow.errors import JobError
-from kappaflow.pipelines.base import Part
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
+
+if TYPE_CHECKING:
+    from kappaflow.pipelines.base import Part
 
 PART_ARG = "--kappaflow-part="
 
@@ -43,6 +46,17 @@ def read_part_state(home: Path, part: str) -> dict[str, str | None]:
     except (FileNotFoundError, json.JSONDecodeError):
         return {"state": None, "error": None}
     return loaded
+
+
+def part_state(home: Path, part: str) -> str:
+    """What a part is doing: its recorded state, or "crashed" when it recorded running
+    but its process is gone; "absent" when it never started."""
+    state = read_part_state(home, part).get("state")
+    if state is None:
+        return "absent"
+    if state == "running" and part_process(home, part).status().state is not ProcState.RUNNING:
+        return "crashed"
+    return state
 
 
 class PartProcesses:

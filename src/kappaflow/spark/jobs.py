@@ -49,9 +49,15 @@ class JobRecord:
         return cls(**json.loads(path.read_text()))
 
     def save(self, path: Path) -> None:
-        scratch = path.with_suffix(".tmp")
-        scratch.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        scratch.replace(path)  # atomic: a reader never sees half a record
+        write_atomically(path, json.dumps(asdict(self), indent=2) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a scratch file, then rename it over ``path``: a reader (status,
+    `jobs`, the demo) sees the old file or the new one, never half of one."""
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(text)
+    scratch.replace(path)
 
 
 def validate_name(name: str) -> str:

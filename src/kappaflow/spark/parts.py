@@ -14,10 +14,11 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import JobError
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
+from kappaflow.spark.jobs import write_atomically
 
 if TYPE_CHECKING:
     from kappaflow.pipelines.base import Part
@@ -34,26 +35,26 @@ def part_process(home: Path, part: str) -> ManagedProcess:
 
 
 def write_part_state(home: Path, part: str, state: str, error: str | None = None) -> None:
-    path = home / f"{part}.json"
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps({"state": state, "pid": os.getpid(), "error": error}) + "\n")
-    scratch.replace(path)
+    record = {"state": state, "pid": os.getpid(), "error": error}
+    write_atomically(home / f"{part}.json", json.dumps(record) + "\n")
 
 
-def read_part_state(home: Path, part: str) -> dict[str, str | None]:
+def read_part_state(home: Path, part: str) -> dict[str, Any]:
+    """The part's record (``state``, ``pid``, ``error``); ``state`` None before it wrote one."""
     try:
-        loaded: dict[str, str | None] = json.loads((home / f"{part}.json").read_text())
+        loaded: dict[str, Any] = json.loads((home / f"{part}.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
-        return {"state": None, "error": None}
+        return {"state": None, "pid": None, "error": None}
     return loaded
 
 
 def part_state(home: Path, part: str) -> str:
     """What a part is doing: its recorded state, or "crashed" when it recorded running
     but its process is gone; "absent" when it never started."""
-    state = read_part_state(home, part).get("state")
-    if state is None:
+    recorded = read_part_state(home, part).get("state")
+    if recorded is None:
         return "absent"
+    state = str(recorded)
     if state == "running" and part_process(home, part).status().state is not ProcState.RUNNING:
         return "crashed"
     return state

@@ -26,7 +26,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import JobError, KappaflowError
-from kappaflow.spark.jobs import JobRecord
+from kappaflow.spark.jobs import JobRecord, write_atomically
 from kappaflow.spark.parts import PART_ARG, PartProcesses, write_part_state
 from kappaflow.timeutil import iso
 
@@ -177,10 +177,7 @@ def _watch(
             {q.name or q.id: q.lastProgress for q in queries if q.lastProgress}, default=str
         )
         if snapshot != last_written:
-            # Atomic, so that `jobs`, `demo` and status readers never see half a file.
-            scratch = progress_path.with_suffix(".tmp")
-            scratch.write_text(snapshot)
-            scratch.replace(progress_path)
+            write_atomically(progress_path, snapshot)
             last_written = snapshot
         failed = [q for q in queries if not q.isActive and q.exception() is not None]
         if failed:

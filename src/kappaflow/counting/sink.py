@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -35,7 +34,8 @@ from kappaflow.counting.processor import (
     unpack,
 )
 from kappaflow.counting.spec import CountSpec
-from kappaflow.counting.store import Changes, CountStore
+from kappaflow.counting.store import CountStore
+from kappaflow.counting.text import Column, iso_literals, join, number_text, string_literals
 from kappaflow.errors import JobError, KafkaError
 from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
@@ -107,25 +107,14 @@ class BatchWriter:
                 part["window_start"].to_pylist(), part["count"].to_pylist(), strict=True
             ):
                 key_deltas[start] = key_deltas.get(start, 0) + sign * n
-        columns = {name: changes[name].to_pylist() for name in changes.column_names}
         _maybe_crash("before-redis", batch_id)
         self.store.apply(
-            batch_id,
-            Changes(
-                columns["key"],
-                columns["window_start"],
-                columns["window_end"],
-                columns["count"],
-                columns["version"],
-                _finals(columns),
-            ),
-            key_deltas,
-            stats,
+            batch_id, changes.append_column("final", _finals(changes)), key_deltas, stats
         )
         _maybe_crash("after-redis", batch_id)
         stored = time.perf_counter()
         if batch_id > self.last_committed and (changes.num_rows or late or dead):
-            self._publish(batch_id, columns, late, dead, stats)
+            self._publish(batch_id, changes, late, dead, stats)
             self.last_committed = batch_id
         _maybe_crash("after-kafka", batch_id)
         # Where a batch's time goes, for tuning (the job's driver.log).
@@ -139,19 +128,22 @@ class BatchWriter:
     def _publish(
         self,
         batch_id: int,
-        changes: dict[str, list[Any]],
+        changes: pa.Table,
         late: list[dict[str, Any]],
         dead: list[dict[str, Any]],
         stats: dict[str, int],
     ) -> None:
+        keys, values = _changelog(changes, batch_id)
         self.producer.begin_transaction()
         try:
-            for change in _changes(changes, batch_id):
-                self._send(
-                    self.topics["counts"],
-                    json.dumps([change["key"], change.pop("_start")], ensure_ascii=False),
-                    change,
-                )
+            topic, produce = self.topics["counts"], self.producer.produce
+            for key, value in zip(keys, values, strict=True):
+                while True:
+                    try:
+                        produce(topic, value, key)
+                        break
+                    except BufferError:
+                        self.producer.poll(0.2)
             for r in late:
                 self._send(self.topics["late"], r["key"], self._late(r))
             for r in dead:
@@ -287,44 +279,46 @@ class BatchWriter:
         }
 
 
-def _changes(columns: dict[str, list[Any]], batch_id: int) -> Iterator[dict[str, Any]]:
-    """The changelog records, with ``_start`` (epoch ms) for the record key."""
-    times: dict[int, str] = {}
+def _changelog(changes: pa.Table, batch_id: int) -> tuple[list[bytes], list[bytes]]:
+    """The changelog records' keys (``["key", window start ms]``, what the real-time
+    path's records have too) and values, as JSON."""
+    key = string_literals(changes["key"])
+    watermark = changes["watermark"]
+    values = join(
+        '{"key": ',
+        key,
+        ', "window_start": ',
+        iso_literals(changes["window_start"]),
+        ', "window_end": ',
+        iso_literals(changes["window_end"]),
+        ', "count": ',
+        number_text(changes["count"]),
+        ', "previous": ',
+        number_text(changes["previous"]),
+        ', "kind": "',
+        changes["kind"],
+        '", "version": ',
+        number_text(changes["version"]),
+        ', "watermark": ',
+        pc.if_else(pc.greater(watermark, 0), iso_literals(watermark), "null"),
+        f', "mode": "micro-batch", "batch": {batch_id}}}',
+    )
+    keys = join("[", key, ", ", number_text(changes["window_start"]), "]")
+    return _bytes(keys), _bytes(values)
 
-    def at(millis: int) -> str:
-        text = times.get(millis)
-        if text is None:
-            text = times[millis] = iso(from_epoch_ms(millis))
-        return text
 
-    for i, key in enumerate(columns["key"]):
-        watermark = columns["watermark"][i]
-        yield {
-            "key": key,
-            "window_start": at(columns["window_start"][i]),
-            "window_end": at(columns["window_end"][i]),
-            "count": columns["count"][i],
-            "previous": columns["previous"][i],
-            "kind": columns["kind"][i],
-            "version": columns["version"][i],
-            "watermark": at(watermark) if watermark > 0 else None,
-            "mode": "micro-batch",
-            "batch": batch_id,
-            "_start": columns["window_start"][i],
-        }
+def _bytes(texts: Column) -> list[bytes]:
+    return list(pc.cast(texts, pa.binary()).to_pylist())
 
 
-def _finals(columns: dict[str, list[Any]]) -> list[bool]:
+def _finals(changes: pa.Table) -> Column:
     """Whether each change leaves its window final: the watermark has passed its end.
 
     Not every correction is final: a late event can extend a session past the watermark.
     """
-    return [
-        kind == FINAL or (kind == CORRECTION and end <= watermark)
-        for kind, end, watermark in zip(
-            columns["kind"], columns["window_end"], columns["watermark"], strict=True
-        )
-    ]
+    kind = changes["kind"]
+    passed = pc.less_equal(changes["window_end"], changes["watermark"])
+    return pc.or_(pc.equal(kind, FINAL), pc.and_(pc.equal(kind, CORRECTION), passed))
 
 
 def _sum(column: pa.ChunkedArray) -> int:

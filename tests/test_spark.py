@@ -19,10 +19,10 @@ from conftest import RunCli, start_clean_job
 from kappaflow.install.localfs import local_fs_jar
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import wait_for
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, load_settings
 from kappaflow.spark.jobs import JobManager
 from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
-from kappaflow.spark.session import session_conf
+from kappaflow.spark.session import REAL_TIME_CONF, real_time_spark, session_conf
 
 
 def _values(settings: Settings, topic: str) -> list[dict[str, object]]:
@@ -101,6 +101,17 @@ def test_a_users_class_path_keeps_the_local_file_system(kafka: Settings) -> None
     conf = session_conf(kafka.model_copy(update={"spark": spark}), "x")
     assert conf["spark.driver.extraClassPath"].split(":") == ["/opt/x.jar", str(jar.resolve())]
     assert conf["spark.hadoop.fs.file.impl"] == "io.kappaflow.hadoop.NioLocalFileSystem"
+
+
+def test_a_real_time_driver_gets_its_slots_and_the_users_options_win() -> None:
+    wait = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
+    local = load_settings(spark={"master": "local[*]", "conf": {"spark.x": "1"}})
+    assert real_time_spark(local, 4) == {
+        "master": "local[4]",
+        "conf": {**REAL_TIME_CONF, "spark.x": "1"},
+    }
+    mine = load_settings(spark={"master": "spark://h:7077", "conf": {wait: "20"}})
+    assert real_time_spark(mine, 4) == {"master": "spark://h:7077", "conf": {wait: "20"}}
 
 
 def test_streaming_round_trip(

@@ -47,8 +47,7 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     if not spec.realtime:
         return []
     partitions = len(topic_partitions(settings.kafka, spec.source))
-    master = realtime.realtime_master(settings, partitions)
-    return [Part(REALTIME_PART, {"spark": {"master": master}})]
+    return [Part(REALTIME_PART, {"spark": realtime.spark_settings(settings, partitions)})]
 
 
 @register("count", parts=parts)

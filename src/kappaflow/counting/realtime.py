@@ -15,7 +15,7 @@ whole batch: the source's partitions plus as many shuffle partitions.
 
 from __future__ import annotations
 
-import re
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,6 +25,7 @@ from kappaflow.counting.events import assign_windows, parse_events
 from kappaflow.counting.spec import CountSpec
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
+from kappaflow.spark.session import real_time_spark
 
 #: How long a real-time batch runs before Spark checkpoints its offsets and state. Each
 #: new batch restarts the long-running tasks, which stalls output for seconds, so batches
@@ -37,16 +38,9 @@ def slots_needed(partitions: int) -> int:
     return 2 * partitions
 
 
-def realtime_master(settings: Settings, partitions: int) -> str:
-    """The master of the real-time query's own driver (pipeline.parts).
-
-    Real-time mode holds a slot per task for as long as it runs, and fails when they are
-    not all free at once; a local master gets exactly those slots (threads). A cluster
-    master is kept: it needs the free slots."""
-    master = settings.spark.master
-    if re.fullmatch(r"local\[(\*|\d+)\]", master) is None:
-        return master
-    return f"local[{slots_needed(partitions)}]"
+def spark_settings(settings: Settings, partitions: int) -> dict[str, Any]:
+    """The ``spark`` settings of the real-time query's own driver (pipeline.parts)."""
+    return real_time_spark(settings, slots_needed(partitions))
 
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:

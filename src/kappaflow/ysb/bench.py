@@ -96,9 +96,11 @@ class RunSpec:
 def spark_overrides(settings: Settings, spec: RunSpec) -> dict[str, Any]:
     """Spark settings for the job: few shuffle partitions (100 keys), and in real-time
     mode enough local task slots for every partition of both stages at once."""
+    from kappaflow.spark.session import real_time_spark  # imports PySpark: only when used
+
     spark: dict[str, Any] = {"shuffle_partitions": spec.partitions}
-    if spec.engine == "spark-rt" and settings.spark.master.startswith("local"):
-        spark["master"] = f"local[{2 * spec.partitions}]"
+    if spec.engine == "spark-rt":
+        spark.update(real_time_spark(settings, 2 * spec.partitions))
     return {"spark": spark}
 
 

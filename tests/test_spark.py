@@ -16,9 +16,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from conftest import RunCli, start_clean_job
+from kappaflow.errors import JobError
 from kappaflow.install.localfs import local_fs_jar
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.procs import wait_for
+from kappaflow.procs import ManagedProcess, wait_for
 from kappaflow.settings import Settings, load_settings
 from kappaflow.spark.jobs import JobManager
 from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
@@ -208,6 +209,18 @@ def test_clean_job_runs_as_its_own_process(
         timeout=30,
         what="the job to be seen as crashed",
     )
+
+
+def test_a_job_that_does_not_start_in_time_is_stopped(
+    kafka: Settings, new_topic: Callable[..., str], topic_name: str
+) -> None:
+    jobs = JobManager(kafka)
+    job = f"slow-{topic_name}"
+    params = {"source": new_topic(), "dest": f"{topic_name}-out"}
+    with pytest.raises(JobError, match="did not start within 1s and was stopped"):
+        jobs.start(job, "clean", params, timeout=1.0)  # a driver takes seconds to start
+    assert jobs.get(job).state not in ("starting", "running")
+    assert not jobs.get(job).pid or ManagedProcess.exited(jobs.get(job).pid or 0)
 
 
 def topic_exists(settings: Settings, topic: str) -> bool:

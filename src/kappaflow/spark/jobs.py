@@ -8,6 +8,7 @@ the same name again resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,10 @@ from kappaflow.settings import Settings
 from kappaflow.timeutil import iso
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
-START_TIMEOUT_S = 180.0
+#: How long ``start`` waits for a job to run: its driver's own start (a JVM, the session,
+#: the queries; a minute or more on a busy two-core machine) and then its parts'
+#: (runner.PART_START_TIMEOUT_S, 150 s).
+START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
 #: States a job record can hold; "crashed" is derived: the record says it runs, no process does.
@@ -144,8 +148,12 @@ class JobManager:
         try:
             return wait_for(running, timeout=timeout, interval=0.5, what=f"job {name} to start")
         except TimeoutError:
+            # Not left to come up later behind the caller's back: it was reported as failed.
+            with contextlib.suppress(JobError):  # unless it has just exited by itself
+                self.stop(name)
             raise JobError(
-                f"job {name!r} did not start within {timeout:.0f}s (log: {home / 'driver.log'})"
+                f"job {name!r} did not start within {timeout:.0f}s and was stopped "
+                f"(log: {home / 'driver.log'})"
             ) from None
 
     def get(self, name: str) -> JobRecord:

@@ -42,7 +42,7 @@ logger.tws.level = error
 #: (Spark's default: 50 ms); at tens of thousands of events a second a buffer takes
 #: longer than that to fill, so every record waited up to 50 ms on its way to the
 #: aggregation. With 5 ms the counting benchmark's real-time p50 went from 36-44 ms to
-#: 7-18 ms at 20,000 events/s (README, "Counting benchmark").
+#: 7-12 ms at 20,000 events/s (README, "Counting benchmark").
 REAL_TIME_CONF = {"spark.shuffle.streaming.networkBufferMaxWaitTimeMs": "5"}
 
 

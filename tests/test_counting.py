@@ -20,6 +20,7 @@ from conftest import Result, RunCli, run_kappaflow
 from kappaflow.counting.sink import CRASH_ENV
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
 from kappaflow.spark.jobs import JobManager
@@ -274,6 +275,46 @@ def test_replay_of_the_log_gives_the_live_results(
         what="the replay to finish",
     )
     assert store_counts(serving, replay) == live
+
+
+def test_a_removed_job_starts_over(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic()
+    values = events(30)
+    send(serving, source, values)
+    start(cli, job_name, source)
+    wait_stats(serving, job_name, counted=30)
+    running = cli("count", "remove", job_name)
+    assert running.code == 1 and "stop it first" in running.err
+    assert "Traceback" not in running.err
+
+    assert cli("count", "stop", job_name).code == 0
+    removed = cli("count", "remove", job_name)
+    assert removed.code == 0, removed.err
+    assert "4 topics" in removed.err  # messages go to stderr, data to stdout
+    assert JobManager(serving).get_state(job_name) == "absent"
+    assert not (serving.checkpoint_root / job_name).exists()
+    assert store_counts(serving, job_name) == {}
+    assert stats(serving, job_name).get("counted", 0) == 0
+    names = {t["name"] for t in list_topics(serving.kafka)}
+    assert not {f"{job_name}.counts", f"{job_name}.commits"} & names
+    assert cli("count", "remove", job_name).code == 1  # nothing left to remove
+
+    # Started again, the job counts the source from its start, not from where it was.
+    start(cli, job_name, source)
+    assert wait_stats(serving, job_name, counted=30)["counted"] == 30
+    assert store_counts(serving, job_name) == expected(values)
+    # ... and publishes its changes again (a NAME.commits left behind would have
+    # made it skip its first batches as published).
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for change in changelog(serving, job_name):
+        window = (change["key"], change["window_start"])
+        if change["version"] >= latest.get(window, {"version": -1})["version"]:
+            latest[window] = change
+    assert {k: c["count"] for k, c in latest.items()} == {
+        (key, iso(from_epoch_ms(start))): n for (key, start), n in expected(values).items()
+    }
 
 
 def test_count_cli_misuse(serving: Settings, new_topic: Callable[..., str]) -> None:

@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kappaflow import services
-from kappaflow.counting.sink import topics_of
+from kappaflow.counting.outputs import topics_of
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import producer

@@ -27,7 +27,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from kappaflow.counting.sink import topics_of
+from kappaflow.counting.outputs import remove
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import consumer, producer
@@ -340,11 +340,11 @@ def _realtime_records(settings: Settings, job: str, since_ms: int) -> list[tuple
 
 
 def clean_up(settings: Settings, topics: list[str], jobs: list[str]) -> None:
-    """Drop what a benchmark created: its topics, its jobs' output topics and Redis keys."""
-    existing = {t["name"] for t in list_topics(settings.kafka)}
+    """Drop what a benchmark created: its topics, and its jobs with all they wrote."""
     for job in jobs:
-        topics.extend(topics_of(job).values())
-        CountStore(redis_client(settings), job).drop()
+        if JobManager(settings).get_state(job) != "absent":
+            remove(settings, job)
+    existing = {t["name"] for t in list_topics(settings.kafka)}
     for topic in topics:
         if topic in existing:
             delete_topic(settings.kafka, topic)

@@ -1,4 +1,4 @@
-"""``kappaflow count start | status | stop`` and ``kappaflow counts``."""
+"""``kappaflow count start | status | stop | remove`` and ``kappaflow counts``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from confluent_kafka import TopicPartition
 
 from kappaflow.cli.app import Context, pass_context
 from kappaflow.cli.output import json_line, say
+from kappaflow.counting import outputs
 from kappaflow.counting.spec import REALTIME_PART, CountSpec, millis
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
@@ -108,6 +109,19 @@ def stop(ctx: Context, name: str) -> None:
     """Stop counting job NAME (its checkpoint stays, to resume from)."""
     record = JobManager(ctx.settings).stop(name)
     say(f"count job {name} {record.state}")
+
+
+@count.command("remove")
+@click.argument("name")
+@pass_context
+def remove(ctx: Context, name: str) -> None:
+    """Forget stopped counting job NAME: its checkpoint, its counts in Redis and its
+    topics. Started again, NAME counts from the start of its source."""
+    record = JobManager(ctx.settings).get(name)
+    if record.pipeline != PIPELINE:
+        raise JobError(f"job {name!r} is not a counting job")
+    deleted = outputs.remove(ctx.settings, name)
+    say(f"count job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
 
 
 @count.command("status")

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from kappaflow.counting import realtime
 from kappaflow.counting.events import assign_windows, parse_events
+from kappaflow.counting.outputs import topics_of
 from kappaflow.counting.preagg import FOLDED_SCHEMA, Folder
 from kappaflow.counting.processor import (
     DEAD_WINDOW,
@@ -27,7 +28,7 @@ from kappaflow.counting.processor import (
     WindowCounter,
 )
 from kappaflow.counting.sessions import SessionCounter
-from kappaflow.counting.sink import BatchWriter, topics_of
+from kappaflow.counting.sink import BatchWriter
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.topics import create_topic, topic_partitions

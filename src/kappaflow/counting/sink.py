@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPar
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
+from kappaflow.counting.outputs import topics_of
 from kappaflow.counting.processor import (
     CHANGE_KINDS,
     CLOSED,
@@ -45,15 +46,6 @@ from kappaflow.timeutil import from_epoch_ms, iso
 #: point of batch N (computed, half written, written but not committed by Spark),
 #: so the suite can show that a crash anywhere changes nothing in the results.
 CRASH_ENV = "KAPPAFLOW_TEST_CRASH_AT"
-
-
-def topics_of(job: str) -> dict[str, str]:
-    return {
-        "counts": f"{job}.counts",
-        "late": f"{job}.late",
-        "dlq": f"{job}.dlq",
-        "commits": f"{job}.commits",
-    }
 
 
 class BatchWriter:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 from dataclasses import asdict, dataclass, field
@@ -194,6 +195,17 @@ class JobManager:
             record.state = "killed"
             record.ended_at = iso(datetime.now(UTC))
             record.save(self.job_dir(name) / "job.json")
+        return record
+
+    def remove(self, name: str) -> JobRecord:
+        """Forget a job that is not running: its record, logs and checkpoint. Started
+        again under the same name, it begins from nothing instead of resuming."""
+        record = self.get(name)
+        process = self._process(name)
+        if process.status().state is ProcState.RUNNING:
+            raise JobError(f"job {name!r} is running: stop it first (`kappaflow jobs stop`)")
+        shutil.rmtree(self.settings.checkpoint_root / name, ignore_errors=True)
+        shutil.rmtree(self.job_dir(name))
         return record
 
     def progress(self, name: str) -> dict[str, Any]:

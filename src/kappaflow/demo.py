@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kappaflow import services
-from kappaflow.counting.outputs import topics_of
+from kappaflow.counting import outputs
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.kafka.clients import producer
@@ -118,13 +117,10 @@ def _reset(settings: Settings, jobs: JobManager) -> None:
     """Start from nothing: the time-lapse clock must not run into an old watermark."""
     if jobs.get_state(JOB) == "running":
         jobs.stop(JOB)
-    CountStore(redis_client(settings), JOB).drop()
-    shutil.rmtree(settings.checkpoint_root / JOB, ignore_errors=True)
-    shutil.rmtree(jobs.job_dir(JOB), ignore_errors=True)
-    existing = {row["name"] for row in list_topics(settings.kafka)}
-    for topic in (SOURCE, *topics_of(JOB).values()):
-        if topic in existing:
-            delete_topic(settings.kafka, topic)
+    if jobs.get_state(JOB) != "absent":
+        outputs.remove(settings, JOB)
+    if SOURCE in {row["name"] for row in list_topics(settings.kafka)}:
+        delete_topic(settings.kafka, SOURCE)
 
 
 def _stream(

@@ -36,7 +36,14 @@ from kappaflow.counting.processor import (
 )
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
-from kappaflow.counting.text import Column, iso_literals, join, number_text, string_literals
+from kappaflow.counting.text import (
+    Column,
+    iso_literals,
+    join,
+    json_object,
+    number_text,
+    string_literals,
+)
 from kappaflow.errors import JobError, KafkaError
 from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
@@ -276,24 +283,19 @@ def _changelog(changes: pa.Table, batch_id: int) -> tuple[list[bytes], list[byte
     path's records have too) and values, as JSON."""
     key = string_literals(changes["key"])
     watermark = changes["watermark"]
-    values = join(
-        '{"key": ',
-        key,
-        ', "window_start": ',
-        iso_literals(changes["window_start"]),
-        ', "window_end": ',
-        iso_literals(changes["window_end"]),
-        ', "count": ',
-        number_text(changes["count"]),
-        ', "previous": ',
-        number_text(changes["previous"]),
-        ', "kind": "',
-        changes["kind"],
-        '", "version": ',
-        number_text(changes["version"]),
-        ', "watermark": ',
-        pc.if_else(pc.greater(watermark, 0), iso_literals(watermark), "null"),
-        f', "mode": "micro-batch", "batch": {batch_id}}}',
+    values = json_object(
+        {
+            "key": key,
+            "window_start": iso_literals(changes["window_start"]),
+            "window_end": iso_literals(changes["window_end"]),
+            "count": number_text(changes["count"]),
+            "previous": number_text(changes["previous"]),
+            "kind": string_literals(changes["kind"]),
+            "version": number_text(changes["version"]),
+            "watermark": pc.if_else(pc.greater(watermark, 0), iso_literals(watermark), "null"),
+            "mode": '"micro-batch"',
+            "batch": str(batch_id),
+        }
     )
     keys = join("[", key, ", ", number_text(changes["window_start"]), "]")
     return _bytes(keys), _bytes(values)

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import redis
 
-from kappaflow.counting.text import booleans, join, number_text, string_literals
+from kappaflow.counting.text import booleans, json_items, number_text, quoted, string_literals
 from kappaflow.timeutil import from_epoch_ms, iso
 
 # Writes a chunk of window changes in order. ARGV: job, a JSON array holding six strings
@@ -126,19 +126,15 @@ class CountStore:
         values: the changes need no fence. The bookkeeping adds up, so it is fenced by
         the batch id.
         """
-        items = join(
-            string_literals(changes["key"]),
-            ',"',
-            number_text(changes["window_start"]),
-            '","',
-            number_text(changes["window_end"]),
-            '","',
-            number_text(changes["count"]),
-            '","',
-            number_text(changes["version"]),
-            '","',
-            booleans(changes["final"]),
-            '"',
+        items = json_items(
+            [
+                string_literals(changes["key"]),
+                *(
+                    quoted(number_text(changes[name]))
+                    for name in ("window_start", "window_end", "count", "version")
+                ),
+                quoted(booleans(changes["final"])),
+            ]
         ).to_pylist()
         pipe = self.client.pipeline(transaction=False)
         for at in range(0, len(items), CHUNK):

@@ -28,6 +28,24 @@ def join(*parts: Column | str) -> Column:
     return pc.binary_join_element_wise(*parts, "")
 
 
+def json_object(fields: dict[str, Column | str]) -> Column:
+    """Row by row, a JSON object of ``fields``: each value is JSON text already (a
+    column of it, or one literal for every row)."""
+    parts: list[Column | str] = []
+    for name, value in fields.items():
+        parts += [", " if parts else "{", json.dumps(name), ": ", value]
+    return join(*parts, "}")
+
+
+def json_items(values: list[Column | str]) -> Column:
+    """Row by row, ``values`` (JSON text) separated by commas: a row's items of a JSON
+    array, to be joined with other rows' into one."""
+    parts: list[Column | str] = []
+    for value in values:
+        parts += [",", value] if parts else [value]
+    return join(*parts)
+
+
 def number_text(values: Column) -> Column:
     return pc.cast(values, pa.string())
 
@@ -64,3 +82,8 @@ def iso_literals(millis: Column) -> Column:
 
 def booleans(values: Column) -> Column:
     return pc.if_else(values, "true", "false")
+
+
+def quoted(values: Column) -> Column:
+    """Strings that need no escaping (numbers, ``booleans``) as JSON string literals."""
+    return join('"', values, '"')

@@ -79,7 +79,8 @@ return 1
 #: counts the sessions held there (each session is one window of one key).
 SESSIONS = -2
 
-#: Changes per call of the write script: Redis runs nothing else meanwhile (~10 ms).
+#: Changes per call of the write script; Redis serves no one else meanwhile (about 30 ms
+#: here: 100,000 changes took 0.25 to 0.35 s).
 CHUNK = 10_000
 
 

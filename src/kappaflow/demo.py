@@ -117,8 +117,7 @@ def _reset(settings: Settings, jobs: JobManager) -> None:
     """Start from nothing: the time-lapse clock must not run into an old watermark."""
     if jobs.get_state(JOB) == "running":
         jobs.stop(JOB)
-    if jobs.get_state(JOB) != "absent":
-        outputs.remove(settings, JOB)
+    outputs.remove(settings, JOB, missing_ok=True)
     if SOURCE in {row["name"] for row in list_topics(settings.kafka)}:
         delete_topic(settings.kafka, SOURCE)
 

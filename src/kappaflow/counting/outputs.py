@@ -19,15 +19,23 @@ def topics_of(job: str) -> dict[str, str]:
     }
 
 
-def remove(settings: Settings, job: str) -> list[str]:
-    """Forget a counting job that is not running: its record and checkpoint, its Redis
-    keys and its topics (the names of those it deleted). All of them go together: a
+def remove(settings: Settings, job: str, *, missing_ok: bool = False) -> list[str]:
+    """Forget a counting job that is not running: its Redis keys, its topics (the names
+    of those it deleted), then its record and checkpoint. All of them go together: a
     checkpoint removed while ``NAME.commits`` stayed would make a new job of the same
-    name skip publishing its first batches, which that topic says were published."""
-    JobManager(settings).remove(job)
+    name skip publishing its first batches, which that topic says were published. The
+    record goes last, so that a removal cut short can be run again; with ``missing_ok``,
+    outputs left without a record are removed too."""
+    jobs = JobManager(settings)
+    state = jobs.get_state(job)
+    if state == "absent" and not missing_ok:
+        jobs.get(job)  # raises: no job of that name
+    jobs.check_stopped(job)
     CountStore(redis_client(settings), job).drop()
     existing = {t["name"] for t in list_topics(settings.kafka)}
     deleted = [topic for topic in topics_of(job).values() if topic in existing]
     for topic in deleted:
         delete_topic(settings.kafka, topic)
+    if state != "absent":
+        jobs.remove(job)
     return deleted

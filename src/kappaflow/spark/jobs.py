@@ -197,13 +197,16 @@ class JobManager:
             record.save(self.job_dir(name) / "job.json")
         return record
 
+    def check_stopped(self, name: str) -> None:
+        """Raise unless no driver of the job runs (a job that is absent runs none)."""
+        if self._process(name).status().state is ProcState.RUNNING:
+            raise JobError(f"job {name!r} is running: stop it first (`kappaflow jobs stop`)")
+
     def remove(self, name: str) -> JobRecord:
         """Forget a job that is not running: its record, logs and checkpoint. Started
         again under the same name, it begins from nothing instead of resuming."""
         record = self.get(name)
-        process = self._process(name)
-        if process.status().state is ProcState.RUNNING:
-            raise JobError(f"job {name!r} is running: stop it first (`kappaflow jobs stop`)")
+        self.check_stopped(name)
         shutil.rmtree(self.settings.checkpoint_root / name, ignore_errors=True)
         shutil.rmtree(self.job_dir(name))
         return record

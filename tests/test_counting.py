@@ -19,11 +19,11 @@ from confluent_kafka import Producer
 from conftest import Result, RunCli, run_kappaflow
 from kappaflow.counting.sink import CRASH_ENV
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 from kappaflow.timeutil import from_epoch_ms, iso
 
 WINDOW_MS = 10_000

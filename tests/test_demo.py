@@ -4,9 +4,9 @@ import json
 
 from conftest import run_kappaflow
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 
 
 def test_demo_counts_page_views_and_stops_its_job(serving: Settings) -> None:

@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 from conftest import RunCli, start_clean_job
 from kappaflow.errors import JobError
 from kappaflow.install.localfs import local_fs_jar
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import ManagedProcess, wait_for
 from kappaflow.settings import Settings, load_settings
-from kappaflow.spark.jobs import JobManager
 from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
 from kappaflow.spark.session import REAL_TIME_CONF, real_time_spark, session_conf
 

@@ -27,12 +27,12 @@ from kappaflow import services
 from kappaflow.counting import outputs
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import ProcState
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 from kappaflow.timeutil import from_epoch_ms
 
 SOURCE, JOB = "demo.pageviews", "demo-views"
@@ -105,7 +105,7 @@ def run_demo(
     except KeyboardInterrupt:
         console.print("interrupted")
     finally:
-        if jobs.get_state(JOB) == "running":
+        if jobs.get_state(JOB) is JobState.RUNNING:
             jobs.stop(JOB)
             console.print(f"job {JOB} stopped")
         if any(state == ProcState.STOPPED.value for state in before.values()):
@@ -115,7 +115,7 @@ def run_demo(
 
 def _reset(settings: Settings, jobs: JobManager) -> None:
     """Start from nothing: the time-lapse clock must not run into an old watermark."""
-    if jobs.get_state(JOB) == "running":
+    if jobs.get_state(JOB) is JobState.RUNNING:
         jobs.stop(JOB)
     outputs.remove(settings, JOB, missing_ok=True)
     if SOURCE in {row["name"] for row in list_topics(settings.kafka)}:

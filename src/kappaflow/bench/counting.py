@@ -30,13 +30,13 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from kappaflow.counting.outputs import remove
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 
 PAD = "x" * 200  # brings an event to ~250 bytes of JSON, as the workload says
 

@@ -23,12 +23,12 @@ import psutil
 from kappaflow.bench.counting import PAD, clean_up
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.topics import create_topic
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 
 #: A prime, so that stepping by it visits every key before repeating one (for any number
 #: of keys it does not divide).

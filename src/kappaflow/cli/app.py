@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from kappaflow import __version__
-from kappaflow.settings import Settings, load_settings
-
-
-@dataclass
-class Context:
-    """What every subcommand gets: the settings, loaded on first use."""
-
-    config_file: Path | None
-    overrides: dict[str, Any]
-    _settings: Settings | None = field(default=None, repr=False)
-
-    @property
-    def settings(self) -> Settings:
-        if self._settings is None:
-            self._settings = load_settings(self.config_file, **self.overrides)
-        return self._settings
-
-
-pass_context = click.make_pass_decorator(Context)
+from kappaflow.cli import count, data, jobs, services, topics, ysb
+from kappaflow.cli.context import Context
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -76,13 +58,7 @@ def cli(
     ctx.obj = Context(config_file, overrides)
 
 
-def _register() -> None:
-    from kappaflow.cli import count, data, jobs, services, topics, ysb
-
-    for command in (*services.COMMANDS, topics.topics, *data.COMMANDS, jobs.jobs, *count.COMMANDS):
-        cli.add_command(command)
-    for command in ysb.COMMANDS:
-        services.bench.add_command(command)
-
-
-_register()
+for _command in (*services.COMMANDS, topics.topics, *data.COMMANDS, jobs.jobs, *count.COMMANDS):
+    cli.add_command(_command)
+for _command in ysb.COMMANDS:
+    services.bench.add_command(_command)

@@ -7,15 +7,15 @@ from typing import Any
 import click
 from confluent_kafka import TopicPartition
 
-from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
 from kappaflow.counting import outputs
 from kappaflow.counting.spec import REALTIME_PART, CountSpec, millis
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
+from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.parts import part_state
 from kappaflow.serving.client import redis_client
-from kappaflow.spark.jobs import JobManager
-from kappaflow.spark.parts import part_state
 from kappaflow.timeutil import from_epoch_ms, iso
 
 PIPELINE = "count"

@@ -10,7 +10,7 @@ from datetime import datetime
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say, stderr
 from kappaflow.errors import InputError
 from kappaflow.kafka import records

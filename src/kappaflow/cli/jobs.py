@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say, table
 from kappaflow.errors import InputError
-from kappaflow.spark.jobs import JobManager
+from kappaflow.jobs.manager import JobManager
 
 
 @click.group()

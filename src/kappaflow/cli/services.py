@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from kappaflow import services as svc
-from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say, table, when
 from kappaflow.errors import ServiceError
 from kappaflow.kafka.broker import EmbeddedBroker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
 from kappaflow.kafka import topics as ops
 

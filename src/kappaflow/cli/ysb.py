@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from kappaflow.cli.app import Context, pass_context
+from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import say, table
 from kappaflow.errors import ConfigError
 from kappaflow.settings import Settings

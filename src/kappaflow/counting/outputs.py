@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.topics import delete_topic, list_topics
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 
 
 def topics_of(job: str) -> dict[str, str]:
@@ -28,7 +28,7 @@ def remove(settings: Settings, job: str, *, missing_ok: bool = False) -> list[st
     outputs left without a record are removed too."""
     jobs = JobManager(settings)
     state = jobs.get_state(job)
-    if state == "absent" and not missing_ok:
+    if state is JobState.ABSENT and not missing_ok:
         jobs.get(job)  # raises: no job of that name
     jobs.check_stopped(job)
     CountStore(redis_client(settings), job).drop()
@@ -36,6 +36,6 @@ def remove(settings: Settings, job: str, *, missing_ok: bool = False) -> list[st
     deleted = [topic for topic in topics_of(job).values() if topic in existing]
     for topic in deleted:
         delete_topic(settings.kafka, topic)
-    if state != "absent":
+    if state is not JobState.ABSENT:
         jobs.remove(job)
     return deleted

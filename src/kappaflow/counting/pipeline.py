@@ -31,8 +31,8 @@ from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStore
+from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
-from kappaflow.pipelines.base import JobContext, Part, Pipeline, register
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream
@@ -48,12 +48,7 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     if not spec.realtime:
         return []
     partitions = len(topic_partitions(settings.kafka, spec.source))
-    return [Part(REALTIME_PART, {"spark": realtime.spark_settings(settings, partitions)})]
-
-
-@register("count", parts=parts)
-def count() -> Pipeline:
-    return run
+    return [Part(REALTIME_PART, realtime.spark_settings(settings, partitions))]
 
 
 def run(ctx: JobContext) -> list[StreamingQuery]:
@@ -173,3 +168,7 @@ def _counted(rows: DataFrame, processor: StatefulProcessor) -> DataFrame:
         outputMode="Update",
         timeMode="EventTime",
     )
+
+
+#: The ``count`` pipeline (entry point ``count``).
+PIPELINE = Pipeline(start=run, parts=parts)

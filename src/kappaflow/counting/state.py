@@ -11,8 +11,8 @@ from kappaflow.counting.sessions import decode_sessions
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
 from kappaflow.errors import JobError
+from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 
 
 def read_state(settings: Settings, job: str) -> list[WindowCount]:

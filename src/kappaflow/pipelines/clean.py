@@ -18,15 +18,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.errors import JobError
+from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
-from kappaflow.pipelines.base import JobContext, Pipeline, register
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.timeutil import parse_duration
-
-
-@register("clean")
-def clean() -> Pipeline:
-    return run
 
 
 def run(ctx: JobContext) -> list[StreamingQuery]:
@@ -90,3 +85,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
             raise JobError(f"invalid trigger {trigger!r}: available-now, realtime or 1s") from None
         writer = writer.trigger(processingTime=f"{seconds} seconds")
     return [writer.start()]
+
+
+#: The ``clean`` pipeline (entry point ``clean``).
+PIPELINE = Pipeline(start=run)

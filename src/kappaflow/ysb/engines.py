@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import kappaflow
 from kappaflow.errors import JobError, SetupError, TopicNotFoundError
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
-from kappaflow.spark.jobs import JobManager
 
 #: The Quix Streams release the peer runs, in a virtual environment of its own.
 QUIX_VERSION = "3.28.1"
@@ -57,7 +57,9 @@ class SparkEngine:
         self.jobs = JobManager(settings)
 
     def start(self) -> None:
-        self.jobs.start(self.name, "ysb", self.params, overrides=self.overrides)
+        self.jobs.start(
+            self.name, "kappaflow.ysb.pipeline:PIPELINE", self.params, overrides=self.overrides
+        )
 
     def stop(self, log_to: Path) -> None:
         if self.jobs.get_state(self.name) in ("running", "starting"):

@@ -41,8 +41,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.errors import JobError
+from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
-from kappaflow.pipelines.base import JobContext, Pipeline, register
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.timeutil import parse_duration
 from kappaflow.ysb.relay import WindowRelay
@@ -56,11 +56,6 @@ SINKS = ("redis", "kafka")
 #: for a while on a busy machine: longer batches mean fewer stalls, a longer replay
 #: after a crash.
 REALTIME_BATCH = "30s"
-
-
-@register("ysb")
-def ysb() -> Pipeline:
-    return run
 
 
 def run(ctx: JobContext) -> list[StreamingQuery]:
@@ -200,3 +195,7 @@ class BatchRedisWriter:
                 ((r["campaign_id"], r["window_start"], r["seen_count"]) for r in rows),
                 time.time_ns() // 1_000_000,
             )
+
+
+#: The YSB job's pipeline, started by reference: ``kappaflow.ysb.pipeline:PIPELINE``.
+PIPELINE = Pipeline(start=run)

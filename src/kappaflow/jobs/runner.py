@@ -1,6 +1,6 @@
-"""The driver process of one job: ``python -m kappaflow.spark.runner --kappaflow-job=DIR``.
+"""The driver process of one job: ``python -m kappaflow.jobs.runner --kappaflow-job=DIR``.
 
-It builds the session, starts the pipeline's queries and the job's parts (spark/parts.py),
+It builds the session, starts the pipeline's queries and the job's parts (jobs/parts.py),
 records ``running``, then watches: SIGTERM or SIGINT stops the parts and the queries
 (each finishes or abandons its batch cleanly and the checkpoint stays consistent), a
 failed query or part ends the job as ``failed``, and queries that end by themselves
@@ -26,8 +26,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import JobError, KappaflowError
-from kappaflow.spark.jobs import JobRecord, write_atomically
-from kappaflow.spark.parts import PART_ARG, PartProcesses, write_part_state
+from kappaflow.jobs.manager import JobRecord, JobState, write_atomically
+from kappaflow.jobs.parts import PART_ARG, PartProcesses, write_part_state
+from kappaflow.jobs.pipeline import JobContext, load_pipeline
 from kappaflow.timeutil import iso
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
     prefix = "--kappaflow-job="
     job_arg = next((arg for arg in argv if arg.startswith(prefix)), None)
     if job_arg is None:
-        print("usage: python -m kappaflow.spark.runner --kappaflow-job=DIR", file=sys.stderr)
+        print("usage: python -m kappaflow.jobs.runner --kappaflow-job=DIR", file=sys.stderr)
         return 2
     home = Path(job_arg[len(prefix) :])
     part = next((arg[len(PART_ARG) :] for arg in argv if arg.startswith(PART_ARG)), None)
@@ -65,46 +66,43 @@ def main(argv: list[str]) -> int:
     try:
         return _run(record, record_path, home, stop)
     except KappaflowError as exc:
-        _finish(record, record_path, "failed", f"error[{exc.code}]: {exc}")
+        _finish(record, record_path, JobState.FAILED, f"error[{exc.code}]: {exc}")
         print(f"error[{exc.code}]: {exc}", file=sys.stderr, flush=True)
         return 1
     except Exception as exc:
         traceback.print_exc()
-        _finish(record, record_path, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
+        _finish(
+            record, record_path, JobState.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        )
         return 1
 
 
-def _settings(record: JobRecord, extra: Mapping[str, Any] | None = None) -> Settings:
-    """The job's settings; ``extra`` overrides (a part's) go over the job's own."""
+def _settings(record: JobRecord, spark: Mapping[str, Any] | None = None) -> Settings:
+    """The job's settings; ``spark`` settings (a part's) go over the job's own."""
     from kappaflow.settings import load_settings
 
     overrides = dict(record.overrides)
-    for key, value in (extra or {}).items():
-        current = overrides.get(key)
-        if isinstance(current, dict) and isinstance(value, Mapping):
-            overrides[key] = {**current, **value}
-        else:
-            overrides[key] = value
+    if spark:
+        overrides["spark"] = {**overrides.get("spark", {}), **spark}
     config_file = Path(record.config_file) if record.config_file else None
     return load_settings(config_file, **overrides)
 
 
 def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event) -> int:
-    from kappaflow.pipelines import get_pipeline
-    from kappaflow.pipelines.base import JobContext, pipeline_parts
     from kappaflow.spark.session import build_session
 
+    pipeline = load_pipeline(record.pipeline)
     settings = _settings(record)
     spark = build_session(settings, app_name=f"kappaflow:{record.name}")
     ctx = JobContext(record.name, record.params, spark, settings)
-    queries = get_pipeline(record.pipeline)(ctx)
-    parts = PartProcesses(home, pipeline_parts(record.pipeline, record.params, settings))
+    queries = pipeline.start(ctx)
+    parts = PartProcesses(home, pipeline.parts(record.params, settings))
     try:
         parts.start(timeout=PART_START_TIMEOUT_S)
     except BaseException:
         parts.stop(timeout=PART_STOP_TIMEOUT_S)
         raise
-    record.state = "running"
+    record.state = JobState.RUNNING
     record.save(record_path)
     print(f"job {record.name} running: {len(queries)} queries, parts {parts.names}", flush=True)
     state, error = _watch(queries, stop, home / "progress.json", parts.failure)
@@ -112,15 +110,13 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     for query in queries:
         query.stop()
     _finish(record, record_path, state, error)
-    if state == "stopped":
+    if state is JobState.STOPPED:
         spark.stop()
-    return 1 if state == "failed" else 0
+    return 1 if state is JobState.FAILED else 0
 
 
 def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -> int:
     """The driver of one part of the job: its queries, until stopped or orphaned."""
-    from kappaflow.pipelines import get_pipeline
-    from kappaflow.pipelines.base import JobContext, pipeline_parts
     from kappaflow.spark.session import build_session
 
     parent = os.getppid()
@@ -133,31 +129,31 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
 
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     try:
+        pipeline = load_pipeline(record.pipeline)
         settings = _settings(record)
-        spec = next(
-            (p for p in pipeline_parts(record.pipeline, record.params, settings) if p.name == part),
-            None,
-        )
+        spec = next((p for p in pipeline.parts(record.params, settings) if p.name == part), None)
         if spec is None:
             raise JobError(f"pipeline {record.pipeline!r} has no part {part!r} for these params")
-        settings = _settings(record, spec.overrides)
+        settings = _settings(record, spec.spark)
         spark = build_session(settings, app_name=f"kappaflow:{record.name}:{part}")
         ctx = JobContext(record.name, record.params, spark, settings, part=part)
-        queries = get_pipeline(record.pipeline)(ctx)
+        queries = pipeline.start(ctx)
     except Exception as exc:
         traceback.print_exc()
-        write_part_state(home, part, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
+        write_part_state(
+            home, part, JobState.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        )
         return 1
-    write_part_state(home, part, "running")
+    write_part_state(home, part, JobState.RUNNING)
     print(f"job {record.name} part {part} running: {len(queries)} queries", flush=True)
     state, error = _watch(queries, stop, home / f"progress.{part}.json", lambda: None)
     for query in queries:
         query.stop()
     write_part_state(home, part, state, error)
     print(f"job {record.name} part {part} {state}" + (f": {error}" if error else ""), flush=True)
-    if state == "stopped":
+    if state is JobState.STOPPED:
         spark.stop()
-    return 1 if state == "failed" else 0
+    return 1 if state is JobState.FAILED else 0
 
 
 def _watch(
@@ -165,7 +161,7 @@ def _watch(
     stop: threading.Event,
     progress_path: Path,
     failure: Callable[[], str | None],
-) -> tuple[str, str | None]:
+) -> tuple[JobState, str | None]:
     """Log batches and keep ``progress_path`` current until ``stop`` is set ("stopped"),
     a query fails or ``failure`` names one ("failed", why), or every query has ended by
     itself ("finished")."""
@@ -181,13 +177,13 @@ def _watch(
             last_written = snapshot
         failed = [q for q in queries if not q.isActive and q.exception() is not None]
         if failed:
-            return "failed", str(failed[0].exception()).splitlines()[0]
+            return JobState.FAILED, str(failed[0].exception()).splitlines()[0]
         other = failure()
         if other is not None:
-            return "failed", other
+            return JobState.FAILED, other
         if all(not q.isActive for q in queries):
-            return "finished", None
-    return "stopped", None
+            return JobState.FINISHED, None
+    return JobState.STOPPED, None
 
 
 def _log_batches(queries: list[Any], logged: dict[str, int]) -> None:
@@ -208,7 +204,11 @@ def _log_batches(queries: list[Any], logged: dict[str, int]) -> None:
             )
 
 
-def _finish(record: JobRecord, path: Path, state: str, error: str | None) -> None:
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _finish(record: JobRecord, path: Path, state: JobState, error: str | None) -> None:
     record.state = state
     record.error = error
     record.ended_at = iso(datetime.now(UTC))

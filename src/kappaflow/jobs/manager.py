@@ -17,10 +17,12 @@ import signal
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from kappaflow.errors import JobError
+from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
 from kappaflow.settings import Settings
 from kappaflow.timeutil import iso
@@ -32,8 +34,23 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
-#: States a job record can hold; "crashed" is derived: the record says it runs, no process does.
-ACTIVE_STATES = ("starting", "running")
+
+class JobState(StrEnum):
+    """Where a job is in its life. ``CRASHED`` is never recorded but derived: the record
+    says the job runs, yet no driver process does; ``ABSENT``: no job of that name."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    FAILED = "failed"
+    KILLED = "killed"
+    CRASHED = "crashed"
+    ABSENT = "absent"
+
+
+#: States in which a job's driver should be running.
+ACTIVE_STATES = (JobState.STARTING, JobState.RUNNING)
 
 
 @dataclass
@@ -43,7 +60,7 @@ class JobRecord:
     params: dict[str, str]
     overrides: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
-    state: str = "starting"
+    state: JobState = JobState.STARTING
     pid: int | None = None
     started_at: str | None = None
     ended_at: str | None = None
@@ -51,7 +68,8 @@ class JobRecord:
 
     @classmethod
     def load(cls, path: Path) -> JobRecord:
-        return cls(**json.loads(path.read_text()))
+        fields = json.loads(path.read_text())
+        return cls(**{**fields, "state": JobState(fields["state"])})
 
     def save(self, path: Path) -> None:
         write_atomically(path, json.dumps(asdict(self), indent=2) + "\n")
@@ -97,9 +115,7 @@ class JobManager:
         timeout: float = START_TIMEOUT_S,
     ) -> JobRecord:
         """Start the job's driver; with ``wait``, return once its queries run."""
-        from kappaflow.pipelines import get_pipeline
-
-        get_pipeline(pipeline)  # an unknown pipeline fails here, not in the background
+        load_pipeline(pipeline)  # an unknown pipeline fails here, not in the background
         home = self.job_dir(name)
         process = self._process(name)
         if process.status().state is ProcState.RUNNING:
@@ -118,7 +134,7 @@ class JobManager:
             started_at=iso(datetime.now(UTC)),
         )
         record.save(home / "job.json")
-        argv = [sys.executable, "-m", "kappaflow.spark.runner", f"--kappaflow-job={home}"]
+        argv = [sys.executable, "-m", "kappaflow.jobs.runner", f"--kappaflow-job={home}"]
         env = dict(os.environ)
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         # The driver records its own pid and state from here on.
@@ -134,9 +150,9 @@ class JobManager:
 
         def running() -> JobRecord | None:
             record = JobRecord.load(home / "job.json")
-            if record.state == "running" or record.state == "finished":
+            if record.state in (JobState.RUNNING, JobState.FINISHED):
                 return record
-            if record.state == "failed":
+            if record.state is JobState.FAILED:
                 raise JobError(f"job {name!r} failed to start: {record.error}")
             if process.exited(pid):
                 last = tail(home / "driver.log", 1)
@@ -166,13 +182,13 @@ class JobManager:
             record.state in ACTIVE_STATES
             and self._process(name).status().state is not ProcState.RUNNING
         ):
-            record.state = "crashed"
+            record.state = JobState.CRASHED
         return record
 
-    def get_state(self, name: str) -> str:
-        """The job's state, or "absent" if no job of that name was ever started."""
+    def get_state(self, name: str) -> JobState:
+        """The job's state, ``ABSENT`` if no job of that name was ever started."""
         if not (self.job_dir(name) / "job.json").exists():
-            return "absent"
+            return JobState.ABSENT
         return self.get(name).state
 
     def records(self) -> list[JobRecord]:
@@ -192,7 +208,7 @@ class JobManager:
         record = JobRecord.load(self.job_dir(name) / "job.json")
         if record.state in ACTIVE_STATES:
             # The driver did not get to record its end: it was killed after the timeout.
-            record.state = "killed"
+            record.state = JobState.KILLED
             record.ended_at = iso(datetime.now(UTC))
             record.save(self.job_dir(name) / "job.json")
         return record

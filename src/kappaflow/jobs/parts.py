@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import JobError
+from kappaflow.jobs.manager import JobState, write_atomically
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
-from kappaflow.spark.jobs import write_atomically
 
 if TYPE_CHECKING:
-    from kappaflow.pipelines.base import Part
+    from kappaflow.jobs.pipeline import Part
 
 PART_ARG = "--kappaflow-part="
 
@@ -34,7 +34,7 @@ def part_process(home: Path, part: str) -> ManagedProcess:
     )
 
 
-def write_part_state(home: Path, part: str, state: str, error: str | None = None) -> None:
+def write_part_state(home: Path, part: str, state: JobState, error: str | None = None) -> None:
     record = {"state": state, "pid": os.getpid(), "error": error}
     write_atomically(home / f"{part}.json", json.dumps(record) + "\n")
 
@@ -48,15 +48,18 @@ def read_part_state(home: Path, part: str) -> dict[str, Any]:
     return loaded
 
 
-def part_state(home: Path, part: str) -> str:
-    """What a part is doing: its recorded state, or "crashed" when it recorded running
-    but its process is gone; "absent" when it never started."""
+def part_state(home: Path, part: str) -> JobState:
+    """What a part is doing: its recorded state, or ``CRASHED`` when it recorded running
+    but its process is gone; ``ABSENT`` when it never started."""
     recorded = read_part_state(home, part).get("state")
     if recorded is None:
-        return "absent"
-    state = str(recorded)
-    if state == "running" and part_process(home, part).status().state is not ProcState.RUNNING:
-        return "crashed"
+        return JobState.ABSENT
+    state = JobState(recorded)
+    if (
+        state is JobState.RUNNING
+        and part_process(home, part).status().state is not ProcState.RUNNING
+    ):
+        return JobState.CRASHED
     return state
 
 
@@ -78,7 +81,7 @@ class PartProcesses:
             argv = [
                 sys.executable,
                 "-m",
-                "kappaflow.spark.runner",
+                "kappaflow.jobs.runner",
                 f"--kappaflow-job={self.home}",
                 f"{PART_ARG}{name}",
             ]
@@ -94,7 +97,7 @@ class PartProcesses:
             )
 
     def _running(self, name: str) -> bool | None:
-        if read_part_state(self.home, name).get("state") == "running":
+        if read_part_state(self.home, name).get("state") == JobState.RUNNING:
             return True
         failure = self._failure(name)
         if failure is not None:

@@ -1,0 +1,119 @@
+"""The contract between the job runner and what a job computes: a pipeline.
+
+A pipeline is found by reference, the same way for kappaflow's own and a user's: either
+``package.module:attribute`` (an object importable from the driver's Python path), or a
+short name that an installed distribution declares in the ``kappaflow.pipelines`` entry
+point group (kappaflow declares ``count`` and ``clean`` there). Nothing here imports a
+pipeline's code until a job asks for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kappaflow.errors import JobError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from kappaflow.settings import Settings
+
+#: The entry point group in which distributions name their pipelines.
+ENTRY_POINT_GROUP = "kappaflow.pipelines"
+_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a pipeline gets to start its queries.
+
+    ``part`` is None in the job's main driver; in the driver of one of the job's parts
+    (see :class:`Part`) it is that part's name.
+    """
+
+    name: str
+    params: Mapping[str, str]
+    spark: SparkSession
+    settings: Settings
+    part: str | None = None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """This job's own checkpoint root: offsets and state survive restarts here."""
+        return (self.settings.checkpoint_root / self.name).resolve()
+
+    def param(self, key: str, default: str | None = None) -> str:
+        value = self.params.get(key, default)
+        if value is None:
+            raise JobError(f"job {self.name!r} needs the parameter {key!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Part:
+    """Queries of a job that run in a driver process of their own, beside the main one.
+
+    The part's driver has its own JVM: its tasks share no scheduler, heap or garbage
+    collector with the main queries, so a busy main query cannot stall them. The job's
+    main driver starts and stops it; the pipeline starts the part's queries when called
+    with ``ctx.part`` set to its name. ``spark`` settings apply to the part's driver over
+    the job's own (such as its own master and cores).
+    """
+
+    name: str
+    spark: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _no_parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
+    return []
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What a job computes.
+
+    ``start`` starts the job's streaming queries (those of ``ctx.part`` in a part's
+    driver) and returns them; ``parts`` names the parts a job with these parameters runs
+    beside its main driver (most run none).
+    """
+
+    start: Callable[[JobContext], list[StreamingQuery]]
+    parts: Callable[[Mapping[str, str], Settings], list[Part]] = _no_parts
+
+
+def load_pipeline(reference: str) -> Pipeline:
+    """The pipeline a reference names: ``module:attribute`` or an entry point's name."""
+    target = reference
+    if ":" not in reference:
+        found = entry_points(group=ENTRY_POINT_GROUP, name=reference)
+        if not found:
+            known = ", ".join(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
+            raise JobError(
+                f"unknown pipeline {reference!r} (known: {known}; "
+                "or give one as package.module:attribute)"
+            )
+        target = next(iter(found)).value
+    if not _REFERENCE.match(target):
+        raise JobError(f"invalid pipeline reference {reference!r}: use package.module:attribute")
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise JobError(f"pipeline {reference!r}: no module named {exc.name!r}") from None
+    found_object: Any = module
+    for name in attribute.split("."):
+        found_object = getattr(found_object, name, None)
+        if found_object is None:
+            raise JobError(f"pipeline {reference!r}: {module_name} has no {attribute!r}")
+    if not isinstance(found_object, Pipeline):
+        raise JobError(
+            f"pipeline {reference!r} is a {type(found_object).__name__}, not a kappaflow Pipeline"
+        )
+    return found_object

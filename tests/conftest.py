@@ -2,6 +2,10 @@
 
 Set KAPPAFLOW_TEST_BOOTSTRAP_SERVERS=host:port to run the suite against an existing
 Kafka cluster instead of the embedded broker. Every test works on fresh topic names.
+
+Tiers (pytest markers, pyproject.toml): a test that uses a service fixture is marked
+``integration`` here; modules that start services of their own mark themselves; every
+other test is ``unit``, the tier ``make check`` runs while editing.
 """
 
 from __future__ import annotations
@@ -26,12 +30,26 @@ REPO = Path(__file__).resolve().parents[1]
 JARS = Path(os.environ.get("KAPPAFLOW_TEST_JARS_DIR", REPO / ".kappaflow" / "jars"))
 EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
 
-# The user's own KAPPAFLOW_* settings must not leak into the tests.
-for _key in [k for k in os.environ if k.startswith("KAPPAFLOW_") and "_TEST_" not in k]:
-    del os.environ[_key]
-# Spark binds its driver and executors to loopback only, in this process and in every job
-# and cluster process the tests start (they inherit the environment).
-os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+#: Fixtures that bring up a real service: a test using one is an integration test.
+SERVICE_FIXTURES = frozenset({"kafka", "serving", "spark", "cli", "new_topic"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The user's own KAPPAFLOW_* settings must not leak into the tests, nor into the
+    # processes they start.
+    for key in [k for k in os.environ if k.startswith("KAPPAFLOW_") and "_TEST_" not in k]:
+        del os.environ[key]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "peer_engines" in fixtures and item.get_closest_marker("peers") is None:
+            item.add_marker(pytest.mark.peers)
+        if SERVICE_FIXTURES & fixtures and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.integration)
+        if not any(item.get_closest_marker(m) for m in ("integration", "peers")):
+            item.add_marker(pytest.mark.unit)
 
 
 def free_port() -> int:

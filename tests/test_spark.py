@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import signal
 import stat
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
@@ -173,6 +175,16 @@ def test_clean_job_runs_as_its_own_process(
     assert record.state == "running" and record.pid is not None
     listed = {r["name"]: r for r in map(json.loads, cli("jobs", "list", "--json").lines())}
     assert listed[job]["state"] == "running" and listed[job]["pid"] == record.pid
+    # With a local master, nothing of the job listens beyond loopback.
+    driver = psutil.Process(record.pid)
+    listening = [
+        c.laddr
+        for process in (driver, *driver.children(recursive=True))
+        for c in process.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert listening, "the driver listens on no port at all"
+    assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
 
     def arrived(topic: str, count: int) -> list[dict[str, object]] | None:
         values = _values(kafka, topic) if topic_exists(kafka, topic) else []

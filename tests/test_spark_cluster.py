@@ -21,6 +21,9 @@ from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
 
+# Starts services of its own.
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
@@ -28,7 +31,13 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     home = Path(pyspark.__file__).parent
     work = tmp_path_factory.mktemp("standalone")
     port, ui = free_port(), free_port()
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(work)}
+    # The standalone master and worker listen on loopback only, as the tests' drivers do.
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_LOG_DIR": str(work),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
     spark_class = str(home / "bin" / "spark-class")
     url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []

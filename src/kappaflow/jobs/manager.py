@@ -135,8 +135,9 @@ class JobManager:
         )
         record.save(home / "job.json")
         argv = [sys.executable, "-m", "kappaflow.jobs.runner", f"--kappaflow-job={home}"]
-        env = dict(os.environ)
-        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        from kappaflow.spark.session import spark_environment  # imports PySpark
+
+        env = {**os.environ, **spark_environment(self.settings, os.environ)}
         # The driver records its own pid and state from here on.
         pid = process.spawn(argv, log_file=home / "driver.log", env=env)
         if wait:

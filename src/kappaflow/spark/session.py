@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
 from kappaflow.settings import Settings
+
+LOOPBACK = "127.0.0.1"
 
 _LOG4J2 = """\
 rootLogger.level = warn
@@ -93,7 +96,11 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # through spark.conf.
         "spark.pyspark.python": sys.executable,
     }
-    local_fs = local_fs_jar(settings) if spark.master.startswith("local") else None
+    if _is_local(spark.master):
+        # A local master needs no network: the driver listens on loopback only.
+        conf["spark.driver.bindAddress"] = LOOPBACK
+        conf["spark.driver.host"] = LOOPBACK
+    local_fs = local_fs_jar(settings) if _is_local(spark.master) else None
     if local_fs is not None:
         # Checkpoint files without a chmod and a readlink process each (install/localfs.py).
         conf.update(FILE_SYSTEM_CONF)
@@ -109,13 +116,30 @@ def build_session(settings: Settings, app_name: str = "kappaflow") -> SparkSessi
     """A SparkSession for ``settings``; Java and the connector jars are checked first."""
     find_java()
     settings.checkpoint_root.mkdir(parents=True, exist_ok=True)
-    # SparkContext reads the Python workers' interpreter from this variable when it is
-    # created (spark.pyspark.python does not reach every runner, e.g. transformWithState's).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.update(spark_environment(settings, os.environ))
     builder = SparkSession.builder
     for key, value in session_conf(settings, app_name).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def spark_environment(settings: Settings, current: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables a Spark driver process needs, beyond ``current``'s.
+
+    SparkContext reads the Python workers' interpreter from ``PYSPARK_PYTHON`` when it
+    is created (spark.pyspark.python does not reach every runner, e.g. transformWithState's).
+    With a local master, ``SPARK_LOCAL_IP`` keeps every server of the JVM (driver, block
+    manager, UI) on loopback; the JVM reads it at start, before any Spark option. A value
+    the user set is kept.
+    """
+    wanted = {"PYSPARK_PYTHON": sys.executable}
+    if _is_local(settings.spark.master):
+        wanted["SPARK_LOCAL_IP"] = LOOPBACK
+    return {key: value for key, value in wanted.items() if key not in current}
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
 
 
 def _log4j_file(settings: Settings) -> Path:

@@ -15,6 +15,9 @@ from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
 
+# Starts services of its own.
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def own(tmp_path: Path) -> Iterator[Settings]:
@@ -49,6 +52,12 @@ def test_up_status_down(own: Settings) -> None:
     assert rows["kafka"]["address"] == own.kafka.bootstrap
     again = run_kappaflow(own, "up")
     assert again.err.count("already running") == 2
+    # What the demo does with the services it started itself: the others keep running.
+    assert services.down(own, only=["redis"]) == ["redis stopped"]
+    assert {r.service: r.state for r in services.status(own)} == {
+        "kafka": "running",
+        "redis": "stopped",
+    }
     down = run_kappaflow(own, "down")
     assert down.code == 0
     rows = {

@@ -108,8 +108,10 @@ def run_demo(
         if jobs.get_state(JOB) is JobState.RUNNING:
             jobs.stop(JOB)
             console.print(f"job {JOB} stopped")
-        if any(state == ProcState.STOPPED.value for state in before.values()):
-            for line in services.down(settings):
+        # Only what the demo started: a service that ran before it keeps running.
+        started = [name for name, state in before.items() if state == ProcState.STOPPED.value]
+        if started:
+            for line in services.down(settings, only=started):
                 console.print(line)
 
 
@@ -161,7 +163,7 @@ def _view(
     elapsed: float,
 ) -> Group:
     stats = store.stats()
-    processed = sum(stats.get(k, 0) for k in ("counted", "duplicates", "late", "dlq"))
+    processed = stats.accounted
     # The job's rate: events accounted for over the last five seconds or so.
     now = time.monotonic()
     done_at.append((now, processed))
@@ -176,7 +178,7 @@ def _view(
         if index is not None and index < len(sent_at)
         else "-"
     )
-    watermark = stats.get("watermark", 0)
+    watermark = stats.watermark_ms
     head = Table(
         title=f"kappaflow demo: {elapsed:3.0f}s, job {jobs.get_state(JOB)}", title_justify="left"
     )
@@ -185,10 +187,10 @@ def _view(
     head.add_row(
         str(clicks.sent),
         rate,
-        str(stats.get("counted", 0)),
-        str(stats.get("duplicates", 0)),
-        str(stats.get("late", 0)),
-        str(stats.get("dlq", 0)),
+        str(stats.counted),
+        str(stats.duplicates),
+        str(stats.late),
+        str(stats.dead_letters),
         from_epoch_ms(watermark).strftime("%H:%M:%S") if watermark else "-",
         latency,
     )

@@ -6,6 +6,7 @@ external Redis configured, that service is reported as external and never starte
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kappaflow.kafka.broker import EmbeddedBroker
@@ -43,13 +44,14 @@ def up(settings: Settings) -> list[str]:
     return done
 
 
-def down(settings: Settings) -> list[str]:
-    """Stop every embedded service, Redis first (jobs write to it), then the broker."""
+def down(settings: Settings, only: Collection[str] | None = None) -> list[str]:
+    """Stop every embedded service (or those named in ``only``), Redis first (jobs write
+    to it), then the broker."""
     done: list[str] = []
-    if settings.redis.embedded:
+    if settings.redis.embedded and (only is None or "redis" in only):
         stopped = EmbeddedRedis(settings).stop()
         done.append(f"redis {'stopped' if stopped else 'was not running'}")
-    if settings.kafka.embedded:
+    if settings.kafka.embedded and (only is None or "kafka" in only):
         stopped = EmbeddedBroker(settings).stop()
         done.append(f"kafka {'stopped' if stopped else 'was not running'}")
     return done

@@ -9,7 +9,7 @@ STATE_DIR ?= .kappaflow
 # jars when their POMs change (kappaflow setup checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
-.PHONY: setup demo test lint format bench bench-scale clean prereqs
+.PHONY: setup demo test check lint format bench bench-scale clean prereqs
 
 setup: $(VENV_STAMP)
 	@$(BIN)/kappaflow --state-dir $(STATE_DIR) setup
@@ -36,8 +36,15 @@ format: $(VENV_STAMP)
 	$(BIN)/ruff format src tests
 	$(BIN)/ruff check --fix src tests
 
+# Everything the README promises: unit, integration (real broker, Redis, Spark) and the
+# benchmark's peer engines.
 test: setup lint
 	$(BIN)/pytest
+
+# The fast tier for the edit loop: lint and the tests that need no service.
+check: $(VENV_STAMP)
+	$(MAKE) --no-print-directory lint
+	$(BIN)/pytest -m unit -q
 
 # Long runs with printed figures and result files under bench-results/; never part of test.
 # After the counting benchmark, a YSB sweep of every engine (three rates, 30 s runs after

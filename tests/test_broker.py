@@ -19,7 +19,10 @@ from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.procs import ProcState, wait_for
 from kappaflow.settings import Settings
 
-pytestmark = pytest.mark.skipif(bool(EXTERNAL_KAFKA), reason="embedded broker only")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(bool(EXTERNAL_KAFKA), reason="embedded broker only"),
+]
 
 
 @pytest.fixture

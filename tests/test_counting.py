@@ -5,27 +5,34 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import signal
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import redis
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
+from faults import CRASH_AT, CRASH_RECORD
 
 from conftest import Result, RunCli, run_kappaflow
-from kappaflow.counting.sink import CRASH_ENV
-from kappaflow.counting.store import CountStore
+from kappaflow.counting.sink import STEPS
+from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager
+from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.kafka.topics import list_topics
+from kappaflow.kafka.topics import list_topics, topic_partitions
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
+from kappaflow.spark.checkpoint import committed, offsets_consumed
 from kappaflow.timeutil import from_epoch_ms, iso
 
+SUPPORT = Path(__file__).resolve().parent / "support"
 WINDOW_MS = 10_000
 # A minute boundary, so windows line up with the events below.
 BASE = 1_795_300_000_000 - 1_795_300_000_000 % 60_000
@@ -79,7 +86,7 @@ def store_counts(settings: Settings, job: str) -> dict[tuple[str, int], int]:
     return {(w.key, w.window_start): w.count for w in store.windows()}
 
 
-def stats(settings: Settings, job: str) -> dict[str, int]:
+def stats(settings: Settings, job: str) -> CountStats:
     return CountStore(redis.Redis.from_url(settings.redis.effective_url), job).stats()
 
 
@@ -98,6 +105,28 @@ def topic_values(settings: Settings, topic: str) -> list[dict[str, Any]]:
     ]
 
 
+def uncommitted_values(settings: Settings, topic: str) -> list[bytes]:
+    """Every record value in ``topic``, aborted transactions' too (read_uncommitted)."""
+    reader = consumer(settings.kafka, **{"isolation.level": "read_uncommitted"})
+    try:
+        partitions = topic_partitions(settings.kafka, topic)
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        values: list[bytes] = []
+        at_end: set[int] = set()
+        while len(at_end) < len(partitions):
+            message = reader.poll(5.0)
+            assert message is not None, f"no end of {topic} within 5 s"
+            error = message.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                at_end.add(message.partition() or 0)
+                continue
+            values.append(message.value() or b"")
+        return values
+    finally:
+        reader.close()
+
+
 def start(
     cli: RunCli, job: str, source: str, *extra: str, env: dict[str, str] | None = None
 ) -> Result:
@@ -106,14 +135,14 @@ def start(
     return result
 
 
-def wait_stats(settings: Settings, job: str, **wanted: int) -> dict[str, int]:
+def wait_stats(settings: Settings, job: str, **wanted: int) -> CountStats:
     jobs = JobManager(settings)
 
-    def reached() -> dict[str, int] | None:
+    def reached() -> CountStats | None:
         if jobs.get_state(job) == "failed":
             raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
         current = stats(settings, job)
-        return current if all(current.get(k, 0) >= v for k, v in wanted.items()) else None
+        return current if all(getattr(current, k) >= v for k, v in wanted.items()) else None
 
     return wait_for(reached, timeout=180, interval=0.5, what=f"{job} to reach {wanted}")
 
@@ -133,9 +162,11 @@ def test_event_time_corrections_late_events_and_dead_letters(
     source = new_topic(partitions=2)
     first = events()
     duplicate = dict(first[0])
-    send(serving, source, [*first, duplicate, b"garbage", b'{"page": "/x"}'])
+    disordered: list[dict[str, Any] | bytes] = [*first, duplicate, b"garbage", b'{"page": "/x"}']
+    random.Random(7).shuffle(disordered)
+    send(serving, source, disordered)
     start(cli, job_name, source)
-    wait_stats(serving, job_name, counted=30, duplicates=1, dlq=2)
+    wait_stats(serving, job_name, counted=30, duplicates=1, dead_letters=2)
 
     # The watermark is now BASE+58s-5s: windows ending by BASE+50s become final.
     def finals() -> bool | None:
@@ -154,17 +185,10 @@ def test_event_time_corrections_late_events_and_dead_letters(
     correction = {"page": "/p0", "ts": BASE + 45_000, "id": "late-but-allowed"}
     too_late = {"page": "/p0", "ts": BASE + 5_000, "id": "too-late"}
     send(serving, source, [correction, too_late])
-    final_stats = wait_stats(serving, job_name, counted=31, late=1)
+    wait_stats(serving, job_name, counted=31, late=1)
 
     want = expected([*first, correction])
     assert store_counts(serving, job_name) == want
-    assert (
-        final_stats["counted"]
-        + final_stats["duplicates"]
-        + final_stats["late"]
-        + final_stats["dlq"]
-        == 35
-    )
     # The job's progress file trails the store by up to half a second.
     status = wait_for(
         lambda: (lambda st: st if st["lag"] == 0 else None)(
@@ -173,7 +197,9 @@ def test_event_time_corrections_late_events_and_dead_letters(
         timeout=30,
         what="count status to show no lag",
     )
-    assert status["events_read"] == 35
+    # 35 records sent: measured from the source offsets the job consumed, and accounted
+    # for by what the job did with each of them.
+    assert (status["events_read"], status["accounted"]) == (35, 35)
     assert status["watermark"] == "2026-11-21T22:26:53.000Z"  # BASE+58s (newest) - 5s
     assert status["state"] == "running"
     assert (
@@ -210,41 +236,125 @@ def test_event_time_corrections_late_events_and_dead_letters(
     assert len(final_only) == 15
 
 
-@pytest.mark.parametrize("crash_at", ["before-redis:0", "after-redis:0", "after-kafka:0"])
+def start_with_crash(
+    cli: RunCli, job: str, source: str, step: str, first_batch: int, record: Path
+) -> None:
+    """Start counting job ``job`` through the fault-injection pipeline (tests/support)."""
+    params = CountSpec(
+        source=source,
+        key_field="page",
+        time_field="ts",
+        id_field="id",
+        window_ms=WINDOW_MS,
+        watermark_ms=5_000,
+        allowed_lateness_ms=20_000,
+    ).to_params()
+    result = cli(
+        "jobs",
+        "start",
+        job,
+        "--pipeline",
+        "faults:COUNT_WITH_CRASH",
+        *itertools.chain.from_iterable(("-P", f"{k}={v}") for k, v in params.items()),
+        env={
+            "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
+            CRASH_AT: f"{step}:{first_batch}",
+            CRASH_RECORD: str(record),
+        },
+    )
+    assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("step", STEPS)
 def test_a_crash_changes_nothing(
     cli: RunCli,
     serving: Settings,
     new_topic: Callable[..., str],
     job_name: str,
-    crash_at: str,
+    step: str,
+    tmp_path: Path,
 ) -> None:
     source = new_topic(partitions=2)
-    values = events()
-    send(serving, source, [*values, dict(values[3])])
-    start(cli, job_name, source, env={CRASH_ENV: crash_at})
+    first = events()
+    send(serving, source, [*first, dict(first[3])])
+    record = tmp_path / "crash.json"
+    # The crash comes in a batch after the first, at ``step`` of its writes.
+    start_with_crash(cli, job_name, source, step, 1, record)
+    wait_stats(serving, job_name, counted=30, duplicates=1)
+    second = events(20, start=30)
+    too_late = {"page": "/p1", "ts": BASE + 5_000, "id": "too-late"}
+    send(serving, source, [*second, dict(second[5]), too_late, b"garbage"])
     jobs = JobManager(serving)
     wait_for(
         lambda: True if jobs.get_state(job_name) == "crashed" else None,
         timeout=180,
-        what="the injected crash",
+        what=f"the crash at {step}",
     )
-    start(cli, job_name, source)  # resumes from the checkpoint, without the crash hook
-    wait_stats(serving, job_name, counted=30, duplicates=1)
-    wait_for(
-        lambda: True if len(changelog(serving, job_name)) >= 18 else None,
-        timeout=120,
-        what="the changelog",
-    )
+    crashed = json.loads(record.read_text())
+    assert crashed["step"] == step and crashed["batch"] >= 1
 
-    assert store_counts(serving, job_name) == expected(values)
-    assert stats(serving, job_name)["counted"] == 30  # not 60: the batch applied once
+    start(cli, job_name, source)  # resumes from the checkpoint, without the fault
+    query = serving.checkpoint_root / job_name / "count"
+    # Spark has run the crashed batch again and committed it ...
+    wait_for(
+        lambda: True if committed(query, crashed["batch"]) else None,
+        timeout=180,
+        what=f"batch {crashed['batch']} to be run again",
+    )
+    # ... and everything sent has been read and accounted for.
+    sent = len(first) + 1 + len(second) + 3
+    final = wait_stats(serving, job_name, counted=50, duplicates=2, late=1, dead_letters=1)
+    assert (final.counted, final.duplicates, final.late, final.dead_letters) == (50, 2, 1, 1)
+    assert offsets_consumed(query, final.last_batch) == sent == final.accounted
+
+    assert store_counts(serving, job_name) == expected([*first, *second])
     changes = changelog(serving, job_name)
     identities = [(c["key"], c["window_start"], c["version"]) for c in changes]
     assert len(identities) == len(set(identities)), "a change was published twice"
-    provisional = [c for c in changes if c["kind"] == "provisional"]
-    assert {(c["key"], c["window_start"]) for c in provisional} == {
-        (k, _iso(start_ms)) for k, start_ms in expected(values)
-    }
+    by_window: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for change in changes:
+        by_window[(change["key"], change["window_start"])].append(change)
+    for history in by_window.values():  # no change lost either: each follows the last
+        assert [c["version"] for c in history] == list(range(1, len(history) + 1))
+        for before, after in itertools.pairwise(history):
+            assert after["previous"] == before["count"]
+    assert {
+        (key, _iso(start_ms)): n for (key, start_ms), n in expected([*first, *second]).items()
+    } == {window: history[-1]["count"] for window, history in by_window.items()}
+    late = topic_values(serving, f"{job_name}.late")
+    assert [json.loads(e["event"])["id"] for e in late] == ["too-late"]
+    assert len(topic_values(serving, f"{job_name}.dlq")) == 1
+    if step == "in-transaction":
+        # The crash left records of an open transaction in the log, which the restarted
+        # job's producer aborted: a read_uncommitted reader sees them, read_committed not.
+        assert len(uncommitted_values(serving, f"{job_name}.counts")) > len(changes)
+
+
+def test_a_restarted_job_fences_off_its_predecessors_producer(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    """A driver that stalled mid-transaction (not dead, only slow) cannot commit once a
+    new driver of its job has started: the job's fixed transactional id fences it."""
+    source, elsewhere = new_topic(), new_topic()
+    values = events(10)
+    send(serving, source, values)
+    stalled = Producer(
+        {**serving.kafka.client_config(), "transactional.id": f"kappaflow.count.{job_name}"}
+    )
+    stalled.init_transactions(30)
+    stalled.begin_transaction()
+    stalled.produce(elsewhere, b"from the stalled driver")
+    assert stalled.flush(30) == 0
+
+    start(cli, job_name, source)
+    wait_stats(serving, job_name, counted=10)
+    with pytest.raises(KafkaException) as refused:
+        stalled.commit_transaction(30)
+    error = refused.value.args[0]
+    assert error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED), error
+    assert topic_values(serving, elsewhere) == []
+    assert uncommitted_values(serving, elsewhere) == [b"from the stalled driver"]
+    assert store_counts(serving, job_name) == expected(values)
 
 
 def _iso(millis: int) -> str:
@@ -296,14 +406,14 @@ def test_a_removed_job_starts_over(
     assert JobManager(serving).get_state(job_name) == "absent"
     assert not (serving.checkpoint_root / job_name).exists()
     assert store_counts(serving, job_name) == {}
-    assert stats(serving, job_name).get("counted", 0) == 0
+    assert stats(serving, job_name).counted == 0
     names = {t["name"] for t in list_topics(serving.kafka)}
     assert not {f"{job_name}.counts", f"{job_name}.commits"} & names
     assert cli("count", "remove", job_name).code == 1  # nothing left to remove
 
     # Started again, the job counts the source from its start, not from where it was.
     start(cli, job_name, source)
-    assert wait_stats(serving, job_name, counted=30)["counted"] == 30
+    assert wait_stats(serving, job_name, counted=30).counted == 30
     assert store_counts(serving, job_name) == expected(values)
     # ... and publishes its changes again (a NAME.commits left behind would have
     # made it skip its first batches as published).
@@ -365,7 +475,7 @@ def test_sliding_windows_and_state_readback(
         timeout=60,
         what="sliding counts",
     )
-    assert stats(serving, job_name)["counted"] == 20  # events, not window increments
+    assert stats(serving, job_name).counted == 20  # events, not window increments
 
     from_state = [json.loads(line) for line in cli("counts", job_name, "--from-state").lines()]
     from_store = {

@@ -146,8 +146,7 @@ def run_scale(
 
 
 def _processed(store: CountStore) -> int:
-    stats = store.stats()
-    return sum(stats.get(k, 0) for k in ("counted", "duplicates", "late", "dlq"))
+    return store.stats().accounted
 
 
 def _sample(
@@ -167,8 +166,8 @@ def _sample(
         sent=sent,
         distinct_keys_sent=distinct,
         processed=_processed(store),
-        window_keys=stats.get("window_keys", 0),
-        open_windows=stats.get("open_windows", 0),
+        window_keys=stats.window_keys,
+        open_windows=stats.open_windows,
         state_rows=sum(int(op.get("numRowsTotal", 0)) for op in operators),
         state_bytes=sum(int(op.get("memoryUsedBytes", 0)) for op in operators),
         rss_bytes=_tree_rss(pid),

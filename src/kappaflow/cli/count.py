@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
-from confluent_kafka import TopicPartition
 
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
 from kappaflow.counting import outputs
-from kappaflow.counting.spec import REALTIME_PART, CountSpec, millis
+from kappaflow.counting.spec import CountSpec, millis
+from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
 from kappaflow.jobs.manager import JobManager
-from kappaflow.jobs.parts import part_state
 from kappaflow.serving.client import redis_client
-from kappaflow.timeutil import from_epoch_ms, iso
 
 PIPELINE = "count"
 
@@ -128,78 +124,13 @@ def remove(ctx: Context, name: str) -> None:
 @click.argument("name")
 @pass_context
 def status(ctx: Context, name: str) -> None:
-    """One JSON object: events read, counted, duplicates, late, dead letters, watermark,
-    open windows, state size, last batch, lag."""
-    jobs = JobManager(ctx.settings)
-    record = jobs.get(name)
+    """One JSON object: events read (measured from the source offsets the job consumed)
+    beside those accounted for (counted, duplicates, late, dead letters), watermark, open
+    windows, state size, last batch, lag."""
+    record = JobManager(ctx.settings).get(name)
     if record.pipeline != PIPELINE:
         raise JobError(f"job {name!r} is not a counting job")
-    stats = CountStore(redis_client(ctx.settings), name).stats()
-    progress = jobs.progress(name).get(name) or {}
-    counted, dups = stats.get("counted", 0), stats.get("duplicates", 0)
-    late, dead = stats.get("late", 0), stats.get("dlq", 0)
-    operators = progress.get("stateOperators") or [{}]
-    parts = {}
-    if CountSpec.from_params(record.params).realtime:
-        # The real-time query's driver process (counting/pipeline.py, REALTIME_PART).
-        parts["realtime"] = part_state(jobs.job_dir(name), REALTIME_PART)
-    json_line(
-        {
-            "name": name,
-            "state": record.state,
-            **parts,
-            "events_read": counted + dups + late + dead,
-            "counted": counted,
-            "duplicates_dropped": dups,
-            "late": late,
-            "dead_letters": dead,
-            "watermark": _watermark(progress, stats),
-            "open_windows": stats.get("open_windows", 0),
-            "window_keys": stats.get("window_keys", 0),
-            "state_rows": sum(int(op.get("numRowsTotal", 0)) for op in operators),
-            "state_bytes": sum(int(op.get("memoryUsedBytes", 0)) for op in operators),
-            "last_batch": {
-                "id": progress.get("batchId"),
-                "at": progress.get("timestamp"),
-                "input_rows": progress.get("numInputRows"),
-                "duration_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
-            },
-            "lag": _lag(ctx, progress),
-        }
-    )
-
-
-def _watermark(progress: dict[str, Any], stats: dict[str, int]) -> str | None:
-    """The job's watermark: from its last progress, else the highest the store has seen."""
-    from_progress = (progress.get("eventTime") or {}).get("watermark")
-    if from_progress and not str(from_progress).startswith("1970"):
-        return str(from_progress)
-    millis = stats.get("watermark", 0)
-    return iso(from_epoch_ms(millis)) if millis > 0 else None
-
-
-def _lag(ctx: Context, progress: dict[str, Any]) -> int | None:
-    """Records in the source not yet read by the job (None before its first batch)."""
-    import json
-
-    from kappaflow.kafka.clients import consumer
-
-    sources = progress.get("sources") or []
-    if not sources or not sources[0].get("endOffset"):
-        return None
-    offsets = json.loads(sources[0]["endOffset"])
-    reader = consumer(ctx.settings.kafka)
-    try:
-        lag = 0
-        for topic, parts in offsets.items():
-            for part, done in parts.items():
-                _, high = reader.get_watermark_offsets(
-                    TopicPartition(topic, int(part)), timeout=ctx.settings.kafka.timeout_s
-                )
-                lag += max(0, high - int(done))
-        return lag
-    finally:
-        reader.close()
+    json_line(count_status(ctx.settings, record))
 
 
 @click.command()

@@ -28,7 +28,7 @@ from kappaflow.counting.processor import (
     WindowCounter,
 )
 from kappaflow.counting.sessions import SessionCounter
-from kappaflow.counting.sink import BatchWriter
+from kappaflow.counting.sink import BatchWriter, StepHook
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
@@ -51,7 +51,11 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     return [Part(REALTIME_PART, realtime.spark_settings(settings, partitions))]
 
 
-def run(ctx: JobContext) -> list[StreamingQuery]:
+def start(ctx: JobContext, on_step: StepHook | None = None) -> list[StreamingQuery]:
+    """Start the job's counting query (or, in its real-time part, the real-time query).
+
+    ``on_step`` is called at each step of every batch's writes (sink.STEPS); the
+    fault-injection tests pass one, kappaflow's pipeline none."""
     spec = CountSpec.from_params(dict(ctx.params))
     kafka = ctx.settings.kafka
     partitions = len(topic_partitions(kafka, spec.source))
@@ -79,7 +83,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         output.writeStream.queryName(ctx.name)
         .outputMode("update")
         .option("checkpointLocation", str(ctx.checkpoint_dir / "count"))
-        .foreachBatch(BatchWriter(ctx.settings, ctx.name, spec, store))
+        .foreachBatch(BatchWriter(ctx.settings, ctx.name, spec, store, on_step))
     )
     writer = (
         writer.trigger(availableNow=True)
@@ -171,4 +175,4 @@ def _counted(rows: DataFrame, processor: StatefulProcessor) -> DataFrame:
 
 
 #: The ``count`` pipeline (entry point ``count``).
-PIPELINE = Pipeline(start=run, parts=parts)
+PIPELINE = Pipeline(start=start, parts=parts)

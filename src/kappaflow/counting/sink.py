@@ -1,7 +1,9 @@
 """Writing each micro-batch's results exactly once: Redis, then one Kafka transaction.
 
 Spark re-runs a batch after a crash with the same input and the same state, so it
-produces the same rows. Redis writes are idempotent (versions, batch ids; see store.py).
+produces the same rows. Redis writes are idempotent: a re-run batch writes the same
+window values again, and the bookkeeping moves only for a batch id above the last one
+applied (store.py).
 Kafka output (changelog, late events, dead letters) goes out in one transaction per batch,
 together with a marker in ``NAME.commits``; a batch whose marker is committed is not
 published again, and the fixed transactional id fences off the producer of a driver that
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -49,17 +51,30 @@ from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
 
-#: Test hook: "before-redis:N", "after-redis:N" or "after-kafka:N" SIGKILLs the driver at that
-#: point of batch N (computed, half written, written but not committed by Spark),
-#: so the suite can show that a crash anywhere changes nothing in the results.
-CRASH_ENV = "KAPPAFLOW_TEST_CRASH_AT"
+#: The points of a batch at which ``BatchWriter`` calls its ``on_step`` function: computed,
+#: written to Redis, published to Kafka but not committed, committed in Kafka (and not yet
+#: in Spark's checkpoint). A fault-injection pipeline of the test suite kills the driver at
+#: each of them to show that a crash anywhere changes nothing in the results.
+STEPS = ("before-redis", "after-redis", "in-transaction", "after-kafka")
+
+#: Called with a step, the batch id and how many records the batch publishes (changes,
+#: late events, dead letters); kappaflow's own pipeline passes none.
+StepHook = Callable[[str, int, int], None]
 
 
 class BatchWriter:
     """The ``foreachBatch`` function of a counting job."""
 
-    def __init__(self, settings: Settings, job: str, spec: CountSpec, store: CountStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        job: str,
+        spec: CountSpec,
+        store: CountStore,
+        on_step: StepHook | None = None,
+    ) -> None:
         self.settings = settings
+        self.on_step = on_step
         self.job = job
         self.spec = spec
         self.source = spec.source
@@ -97,25 +112,26 @@ class BatchWriter:
             "counted": _sum(counted["counted"]),
             "duplicates": _sum(counted["duplicates"]),
             "late": len(late),
-            "dlq": len(dead),
+            "dead_letters": len(dead),
             "watermark": int(pc.max(table["watermark"]).as_py() or 0),
         }
+        outputs = changes.num_rows + len(late) + len(dead)
         key_deltas: dict[int, int] = {}
         for part, sign in ((counted, 1), (closed, -1)):
             for start, n in zip(
                 part["window_start"].to_pylist(), part["count"].to_pylist(), strict=True
             ):
                 key_deltas[start] = key_deltas.get(start, 0) + sign * n
-        _maybe_crash("before-redis", batch_id)
+        self._step("before-redis", batch_id, outputs)
         self.store.apply(
             batch_id, changes.append_column("final", _finals(changes)), key_deltas, stats
         )
-        _maybe_crash("after-redis", batch_id)
+        self._step("after-redis", batch_id, outputs)
         stored = time.perf_counter()
-        if batch_id > self.last_committed and (changes.num_rows or late or dead):
+        if batch_id > self.last_committed and outputs:
             self._publish(batch_id, changes, late, dead, stats)
             self.last_committed = batch_id
-        _maybe_crash("after-kafka", batch_id)
+        self._step("after-kafka", batch_id, outputs)
         # Where a batch's time goes, for tuning (the job's driver.log).
         print(
             f"batch {batch_id}: {table.num_rows} rows, {changes.num_rows} changes; "
@@ -148,10 +164,16 @@ class BatchWriter:
             for r in dead:
                 self._send(self.topics["dlq"], None, self._dead(r))
             self._send(self.topics["commits"], "batch", {"batch_id": batch_id, **stats})
+            self.producer.flush(120)
+            self._step("in-transaction", batch_id, len(keys) + len(late) + len(dead))
             self.producer.commit_transaction(120)
         except KafkaException as exc:
             self.producer.abort_transaction(60)
             raise KafkaError(f"publishing batch {batch_id} failed: {exc}") from None
+
+    def _step(self, step: str, batch_id: int, outputs: int) -> None:
+        if self.on_step is not None:
+            self.on_step(step, batch_id, outputs)
 
     def _send(self, topic: str, key: str | None, value: dict[str, Any]) -> None:
         while True:
@@ -317,9 +339,3 @@ def _finals(changes: pa.Table) -> Column:
 
 def _sum(column: pa.ChunkedArray) -> int:
     return int(pc.sum(column).as_py() or 0)
-
-
-def _maybe_crash(point: str, batch_id: int) -> None:
-    wanted = os.environ.get(CRASH_ENV, "")
-    if wanted == f"{point}:{batch_id}":
-        os.kill(os.getpid(), 9)

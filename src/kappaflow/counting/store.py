@@ -60,7 +60,7 @@ local stats = prefix .. 'stats'
 local last = tonumber(redis.call('HGET', stats, 'last_batch') or '-1')
 if batch <= last then return 0 end
 local s = cjson.decode(ARGV[3])
-for _, name in ipairs({'counted', 'duplicates', 'late', 'dlq'}) do
+for _, name in ipairs({'counted', 'duplicates', 'late', 'dead_letters'}) do
   redis.call('HINCRBY', stats, name, s[name])
 end
 redis.call('HSET', stats, 'last_batch', batch)
@@ -101,6 +101,28 @@ class WindowCount:
             "count": self.count,
             "final": self.final,
         }
+
+
+@dataclass(frozen=True)
+class CountStats:
+    """A counting job's bookkeeping, as of the last batch it applied to the store."""
+
+    counted: int
+    duplicates: int
+    late: int
+    dead_letters: int
+    #: The last batch applied (-1 before the first).
+    last_batch: int
+    #: The highest watermark a batch has reported (epoch ms; 0 before the first).
+    watermark_ms: int
+    #: Windows the job's state still holds, and their (key, window) pairs.
+    open_windows: int
+    window_keys: int
+
+    @property
+    def accounted(self) -> int:
+        """Every event read ends up in exactly one of these."""
+        return self.counted + self.duplicates + self.late + self.dead_letters
 
 
 class CountStore:
@@ -171,16 +193,23 @@ class CountStore:
                     bool(value["final"]),
                 )
 
-    def stats(self) -> dict[str, int]:
-        raw = self.client.hgetall(self.prefix + "stats")
-        values = {_text(k): int(v) for k, v in raw.items()}
+    def stats(self) -> CountStats:
+        raw = {_text(k): int(v) for k, v in self.client.hgetall(self.prefix + "stats").items()}
         held = {int(w): int(n) for w, n in self.client.hgetall(self.prefix + "open").items()}
         if SESSIONS in held:  # session windows: each session is a window of one key
-            values["open_windows"] = values["window_keys"] = held[SESSIONS]
+            open_windows = window_keys = held[SESSIONS]
         else:
-            values["open_windows"] = len(held)
-            values["window_keys"] = sum(held.values())
-        return values
+            open_windows, window_keys = len(held), sum(held.values())
+        return CountStats(
+            counted=raw.get("counted", 0),
+            duplicates=raw.get("duplicates", 0),
+            late=raw.get("late", 0),
+            dead_letters=raw.get("dead_letters", 0),
+            last_batch=raw.get("last_batch", -1),
+            watermark_ms=raw.get("watermark", 0),
+            open_windows=open_windows,
+            window_keys=window_keys,
+        )
 
     def drop(self) -> None:
         """Forget everything this job stored."""

@@ -1,0 +1,40 @@
+"""Fault injection for the exactly-once tests: the counting pipeline, killing its own
+driver at one step of one batch.
+
+Not part of kappaflow. A job runs it only when started with
+``--pipeline faults:COUNT_WITH_CRASH`` and this directory on the driver's PYTHONPATH;
+``CRASH_AT`` (``STEP:N``) names the step (counting/sink.py STEPS) and the first batch id
+at which to crash, in a batch that publishes something; the driver writes the step and
+the batch id it crashed in to the file ``CRASH_RECORD`` names, then SIGKILLs itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from pyspark.sql.streaming import StreamingQuery
+
+from kappaflow.counting import pipeline as counting
+from kappaflow.counting.sink import STEPS
+from kappaflow.jobs.pipeline import JobContext, Pipeline
+
+CRASH_AT = "KAPPAFLOW_FAULT_CRASH_AT"
+CRASH_RECORD = "KAPPAFLOW_FAULT_RECORD"
+
+
+def _crash(step: str, batch_id: int, outputs: int) -> None:
+    wanted, _, first = os.environ[CRASH_AT].partition(":")
+    assert wanted in STEPS, f"unknown step {wanted!r}"
+    if step == wanted and batch_id >= int(first) and outputs > 0:
+        Path(os.environ[CRASH_RECORD]).write_text(json.dumps({"step": step, "batch": batch_id}))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start(ctx: JobContext) -> list[StreamingQuery]:
+    return counting.start(ctx, on_step=_crash)
+
+
+COUNT_WITH_CRASH = Pipeline(start=_start, parts=counting.parts)

@@ -30,7 +30,7 @@ _SPAN = re.compile(r"`kappaflow ([^`]+)`")
 _BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 # A command in a shell block: at the start of a line, or after a pipe or a prompt.
 _IN_BLOCK = re.compile(r"(?:^|\|\s|\$\s)kappaflow (.+)$", re.MULTILINE)
-# Words that end a shell command (outside the brackets of a synopsis).
+# Words that end a shell command (outside the brackets and parentheses of a synopsis).
 _SHELL_ENDS = {"|", "||", "&&", ";", ">", ">>", "2>&1", "&"}
 
 
@@ -71,7 +71,7 @@ def _words(text: str) -> list[str]:
     for word in split:
         if depth == 0 and word in _SHELL_ENDS:
             break
-        depth += word.count("[") - word.count("]")
+        depth += word.count("[") + word.count("(") - word.count("]") - word.count(")")
         words.append(word)
     return words
 

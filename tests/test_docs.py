@@ -1,49 +1,146 @@
-"""The README stays true: its commands exist and every setting is documented."""
+"""The documentation stays true: its commands and options exist, and every setting is
+documented.
+
+Every ``kappaflow …`` line in README.md and docs/ (inline code and shell blocks) is walked
+through the click tree word by word: a word after a group must be one of its
+subcommands, and every option on the line must belong to the command it reaches (or, before
+the first subcommand, to the root). A command or option removed from the CLI fails here
+until the documentation follows.
+"""
 
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
 from pydantic import BaseModel
 
-from kappaflow.cli import main
+from kappaflow.cli.app import cli
 from kappaflow.settings import Settings
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+_SPAN = re.compile(r"`kappaflow ([^`]+)`")
+_BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+# A command in a shell block: at the start of a line, or after a pipe or a prompt.
+_IN_BLOCK = re.compile(r"(?:^|\|\s|\$\s)kappaflow (.+)$", re.MULTILINE)
+# Words that end a shell command (outside the brackets and parentheses of a synopsis).
+_SHELL_ENDS = {"|", "||", "&&", ";", ">", ">>", "2>&1", "&"}
 
 
-def _commands() -> list[list[str]]:
-    """`kappaflow …` invocations in the README, cut before options and placeholders."""
-    found: set[tuple[str, ...]] = set()
-    spans = re.findall(r"`kappaflow ([^`]+)`", README)
-    blocks = "\n".join(re.findall(r"```sh\n(.*?)```", README, flags=re.DOTALL))
-    lines = re.findall(r"(?:^|\| )kappaflow (.+)$", blocks, flags=re.MULTILINE)
-    for text in spans + lines:
-        words: list[str] = []
-        for word in shlex.split(text.split("#")[0].rstrip(" \\")):
-            if not re.fullmatch(r"[a-z][a-z-]*", word):
-                break
-            words.append(word)
-            if len(words) == 2:
-                break
-        if words:
-            found.add(tuple(words))
-    return [list(c) for c in sorted(found)]
+@dataclass(frozen=True)
+class Documented:
+    """One documented invocation: where it is, and the words after ``kappaflow``."""
+
+    where: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: kappaflow {self.text}"
 
 
-@pytest.mark.parametrize("command", _commands(), ids=" ".join)
-def test_readme_commands_exist(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    # A word that is an argument, not a subcommand (a topic name), makes --help of the
-    # group fail; so try the longest prefix that is a command.
-    for end in range(len(command), 0, -1):
-        if main([*command[:end], "--help"]) == 0:
-            assert "Usage:" in capsys.readouterr().out
-            return
-        capsys.readouterr()
-    pytest.fail(f"README shows `kappaflow {' '.join(command)}`, which does not exist")
+def _invocations() -> list[Documented]:
+    found: dict[tuple[str, str], Documented] = {}
+    for path in DOCUMENTS:
+        text = path.read_text()
+        name = str(path.relative_to(ROOT))
+        texts = [m.group(1) for m in _SPAN.finditer(text)]
+        for block in _BLOCK.findall(text):
+            joined = re.sub(r"\\\n\s*", " ", block)  # continuation lines
+            texts.extend(m.group(1) for m in _IN_BLOCK.finditer(joined))
+        for line in texts:
+            line = re.split(r"\s#", line, maxsplit=1)[0].strip()
+            found.setdefault((name, line), Documented(name, line))
+    return list(found.values())
+
+
+def _words(text: str) -> list[str]:
+    """The words of a documented line up to the end of the kappaflow command."""
+    words: list[str] = []
+    depth = 0
+    try:
+        split = shlex.split(text)
+    except ValueError:  # an unbalanced quote: plain words will do
+        split = text.split()
+    for word in split:
+        if depth == 0 and word in _SHELL_ENDS:
+            break
+        depth += word.count("[") + word.count("(") - word.count("]") - word.count(")")
+        words.append(word)
+    return words
+
+
+def _options(command: click.Command, ctx: click.Context) -> dict[str, click.Parameter]:
+    """Every option spelling of ``command`` (help included), and what it belongs to."""
+    names: dict[str, click.Parameter] = {}
+    for param in command.get_params(ctx):
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                names[name] = param
+    return names
+
+
+def check(text: str) -> list[str]:
+    """What is wrong with ``kappaflow TEXT`` against the CLI: an empty list if nothing."""
+    problems: list[str] = []
+    ctx = click.Context(cli, info_name="kappaflow")
+    command: click.Command = cli
+    path = ["kappaflow"]
+    root_options = _options(cli, ctx)
+    past_root = False
+    words = _words(text)
+    i = 0
+    while i < len(words):
+        word = words[i].strip("[]()")
+        i += 1
+        if not word or word in {"|", "…", "..."}:
+            continue
+        if word.startswith("-") and len(word) > 1 and not word.lstrip("-").isdigit():
+            for spelling in word.split("/"):
+                name = spelling.split("=", 1)[0]
+                own = _options(command, ctx)
+                param = own.get(name) or (None if past_root else root_options.get(name))
+                if param is None:
+                    hint = " (a kappaflow option: it goes first)" if name in root_options else ""
+                    problems.append(f"{' '.join(path)} has no option {name}{hint}")
+                    continue
+                takes_value = isinstance(param, click.Option) and not (param.is_flag or param.count)
+                if takes_value and "=" not in spelling and "/" not in word:
+                    i += 1  # its value
+            continue
+        if isinstance(command, click.Group):
+            sub = command.get_command(ctx, word)
+            if sub is None:
+                problems.append(f"{' '.join(path)} has no subcommand {word!r}")
+                return problems
+            ctx = click.Context(sub, parent=ctx, info_name=word)
+            command = sub
+            path.append(word)
+            past_root = True
+        # Anything else is an argument of the command reached, or a placeholder.
+    return problems
+
+
+@pytest.mark.parametrize("documented", _invocations(), ids=str)
+def test_documented_commands_exist(documented: Documented) -> None:
+    problems = check(documented.text)
+    assert not problems, f"{documented}: " + "; ".join(problems)
+
+
+def test_the_checker_catches_what_is_gone() -> None:
+    assert check("jobs list --json") == []
+    assert check("--state-dir /tmp/kf jobs start cleaner --pipeline clean -P source=a") == []
+    assert check("consume TOPIC [--from-beginning | --offset N] [--follow/--no-follow]") == []
+    assert check("jobs frobnicate") != []
+    assert check("jobs list --no-such-flag") != []
+    assert check("jobs list --state-dir /tmp") != []  # root options go first
+    assert len(_invocations()) > 20, "no kappaflow commands found in the documentation"
 
 
 def _fields(model: type[BaseModel], prefix: str = "") -> list[str]:

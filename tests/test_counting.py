@@ -455,6 +455,10 @@ def test_count_cli_misuse(serving: Settings, new_topic: Callable[..., str]) -> N
     )
     assert missing.code != 0
     assert "Traceback" not in missing.err
+    for command in ("counts", "status"):
+        args = ("counts", "no-such-job") if command == "counts" else ("count", "status", "nope")
+        unknown = run_kappaflow(serving, *args)
+        assert unknown.code == 1 and "no job named" in unknown.err, unknown
 
 
 def test_sliding_windows_and_state_readback(

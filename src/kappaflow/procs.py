@@ -43,6 +43,18 @@ def wait_for(
         time.sleep(interval)
 
 
+#: Processes this one spawned and does not wait for: services and job drivers outlive the
+#: call that started them and are found again by pid file. Held so that Python does not
+#: warn that a process it lost track of still runs; polled so that those that ended are
+#: reaped instead of left as zombies.
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+def _detached(proc: subprocess.Popen[bytes]) -> None:
+    _SPAWNED[:] = [p for p in _SPAWNED if p.poll() is None]
+    _SPAWNED.append(proc)
+
+
 class ProcState(enum.StrEnum):
     RUNNING = "running"
     STOPPED = "stopped"
@@ -108,6 +120,7 @@ class ManagedProcess:
                 start_new_session=True,
             )
         self.pid_file.write_text(f"{proc.pid}\n")
+        _detached(proc)
         return proc.pid
 
     @staticmethod

@@ -130,9 +130,8 @@ class SparkSettings(_Section):
     )
     driver_memory: str = Field(default="2g", description="spark.driver.memory for job drivers")
     # One state partition per core: each is a task per micro-batch, and on a small machine
-    # the tasks' fixed cost, not the work, sets the batch time (2 rather than 4 partitions
-    # on 2 cores: counting batches 1.45 s -> 1.1 s at 20,000 events/s). Checkpoints keep
-    # the number they started with.
+    # the tasks' fixed cost, not the work, sets the batch time, so more partitions than
+    # cores only slow a batch down. Checkpoints keep the number they started with.
     shuffle_partitions: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,

@@ -11,7 +11,7 @@ from kappaflow.counting.spec import CountSpec, millis
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import JobError
-from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.serving.client import redis_client
 
 PIPELINE = "count"
@@ -19,7 +19,8 @@ PIPELINE = "count"
 
 @click.group()
 def count() -> None:
-    """Continuous counting per key per event-time window (see README, "Counting")."""
+    """Continuous counting per key per event-time window, with corrections, late events
+    and dead letters."""
 
 
 @count.command("start")
@@ -113,9 +114,7 @@ def stop(ctx: Context, name: str) -> None:
 def remove(ctx: Context, name: str) -> None:
     """Forget stopped counting job NAME: its checkpoint, its counts in Redis and its
     topics. Started again, NAME counts from the start of its source."""
-    record = JobManager(ctx.settings).get(name)
-    if record.pipeline != PIPELINE:
-        raise JobError(f"job {name!r} is not a counting job")
+    _counting_job(ctx, name)
     deleted = outputs.remove(ctx.settings, name)
     say(f"count job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
 
@@ -127,10 +126,15 @@ def status(ctx: Context, name: str) -> None:
     """One JSON object: events read (measured from the source offsets the job consumed)
     beside those accounted for (counted, duplicates, late, dead letters), watermark, open
     windows, state size, last batch, lag."""
+    json_line(count_status(ctx.settings, _counting_job(ctx, name)))
+
+
+def _counting_job(ctx: Context, name: str) -> JobRecord:
+    """Job ``name``'s record; an error if there is none or it is not a counting job."""
     record = JobManager(ctx.settings).get(name)
     if record.pipeline != PIPELINE:
         raise JobError(f"job {name!r} is not a counting job")
-    json_line(count_status(ctx.settings, record))
+    return record
 
 
 @click.command()
@@ -141,6 +145,7 @@ def status(ctx: Context, name: str) -> None:
 @pass_context
 def counts(ctx: Context, name: str, key: str | None, final_only: bool, from_state: bool) -> None:
     """The current count of every window of job NAME, as JSON lines."""
+    _counting_job(ctx, name)
     if from_state:
         from kappaflow.counting.state import read_state
 

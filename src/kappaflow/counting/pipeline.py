@@ -42,8 +42,8 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     """With ``--realtime``, the real-time query runs in a driver process of its own.
 
     Beside the micro-batch query in one JVM it stalled: a micro-batch's tasks, its
-    garbage and the shared task scheduler held it up, and at 20,000 events/s on two
-    cores it fell seconds behind (see README, "Counting benchmark")."""
+    garbage and the shared task scheduler held it up, so under load it fell seconds
+    behind (docs/benchmarks/counting.md measures both)."""
     spec = CountSpec.from_params(dict(params))
     if not spec.realtime:
         return []

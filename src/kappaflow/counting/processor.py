@@ -5,8 +5,8 @@ one state value holds, for all keys of a shard in a window, the count and the ve
 that orders its changes (an Arrow table), the ids already counted (with ``--id``), and
 whether the window is final. A micro-batch costs one read and one write of that value per
 (window, shard), whatever the number of keys; its input is already folded to one row per
-(window, key) (preagg.py) and the work on it is Arrow compute, about 2 ms per group of
-a few hundred keys. The output leaves packed (``Packed``): one Arrow stream per group,
+(window, key) (preagg.py) and the work on it is Arrow compute over all of a shard's keys
+at once. The output leaves packed (``Packed``): one Arrow stream per group,
 so Spark moves a few binary rows instead of one row per change.
 
 Per micro-batch a window's new events become one change per key: provisional before the

@@ -4,11 +4,10 @@ Without Hadoop's native library (it is not on Maven Central or PyPI), Hadoop's l
 system starts a ``chmod`` process for every file and directory it creates, and a
 ``readlink`` process for every link lookup, which FileContext makes on each rename.
 Structured Streaming writes several checkpoint files per micro-batch (offset log, commit
-log, state store files per partition): a stateful query on two partitions started 121
-processes per batch here, and a batch's fixed cost fell from about 350 ms to 100 ms
-without them. The Java sources under ``java/`` subclass Hadoop's classes and do both
-through java.nio; setup compiles them with the JDK's ``javac`` against the Hadoop API
-that PySpark ships.
+log, state store files per partition): a stateful query on two partitions starts over a
+hundred processes per batch, which dominates a small batch's fixed cost. The Java
+sources under ``java/`` subclass Hadoop's classes and do both through java.nio; setup
+compiles them with the JDK's ``javac`` against the Hadoop API that PySpark ships.
 
 Only local masters use the jar (``spark/session.py``): on a cluster, checkpoints live on
 a distributed store. Without ``javac`` (a JRE only), setup says so and Spark keeps

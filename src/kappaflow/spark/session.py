@@ -43,9 +43,8 @@ logger.tws.level = error
 #: Spark options of a driver that runs a real-time query. Real-time mode's pipelined
 #: shuffle holds a network buffer until it fills (32 KiB) or until this wait is over
 #: (Spark's default: 50 ms); at tens of thousands of events a second a buffer takes
-#: longer than that to fill, so every record waited up to 50 ms on its way to the
-#: aggregation. With 5 ms the counting benchmark's real-time p50 went from 36-44 ms to
-#: 7-12 ms at 20,000 events/s (README, "Counting benchmark").
+#: longer than that to fill, so every record would wait up to 50 ms on its way to the
+#: aggregation, which is most of a real-time query's latency budget.
 REAL_TIME_CONF = {"spark.shuffle.streaming.networkBufferMaxWaitTimeMs": "5"}
 
 

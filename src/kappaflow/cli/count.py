@@ -10,7 +10,7 @@ from kappaflow.counting import outputs
 from kappaflow.counting.spec import CountSpec, millis
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
-from kappaflow.errors import JobError
+from kappaflow.errors import NotACountJobError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.serving.client import redis_client
 
@@ -115,7 +115,7 @@ def remove(ctx: Context, name: str) -> None:
     topics. Started again, NAME counts from the start of its source."""
     record = JobManager(ctx.settings).get(name)
     if record.pipeline != PIPELINE:
-        raise JobError(f"job {name!r} is not a counting job")
+        raise NotACountJobError(f"job {name!r} is not a counting job")
     deleted = outputs.remove(ctx.settings, name)
     say(f"count job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
 
@@ -129,7 +129,7 @@ def status(ctx: Context, name: str) -> None:
     windows, state size, last batch, lag."""
     record = JobManager(ctx.settings).get(name)
     if record.pipeline != PIPELINE:
-        raise JobError(f"job {name!r} is not a counting job")
+        raise NotACountJobError(f"job {name!r} is not a counting job")
     json_line(count_status(ctx.settings, record))
 
 

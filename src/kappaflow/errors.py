@@ -263,7 +263,7 @@ class SameTopicError(InputError):
 
 
 class InvalidFieldError(InputError):
-    """A counting job's --key or --time is not a field name."""
+    """A counting job's --key, --time or --id is not a field name."""
 
     code = "KF507"
 

@@ -200,6 +200,9 @@ def test_service_exits_during_start_up(offline: Settings, tmp_path: Path) -> Non
     assert "Redis exited during start-up" in error_line(result, "KF303", 1)
 
 
+# ManagedProcess.spawn detaches the service or driver and never waits for it, so its
+# Popen warns when collected; the process itself is stopped by the code under test.
+@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
 def test_service_does_not_answer_in_time(tmp_path: Path) -> None:
     from kappaflow.serving.redis_server import EmbeddedRedis
 
@@ -352,6 +355,9 @@ def test_job_lifecycle_errors(
         JobManager(kafka).stop(job, timeout=5)
 
 
+# ManagedProcess.spawn detaches the service or driver and never waits for it, so its
+# Popen warns when collected; the process itself is stopped by the code under test.
+@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
 def test_job_start_timeout(kafka: Settings, new_topic: Callable[..., str], topic_name: str) -> None:
     jobs = JobManager(kafka)
     params = {"source": new_topic(), "dest": f"{topic_name}-out"}

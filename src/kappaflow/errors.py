@@ -1,8 +1,15 @@
-"""The exception tree: one root, a subclass per subsystem, each with a stable code.
+"""The exception tree: one root, a class per subsystem, a class per failure condition.
 
-Every class mixes in the builtin it resembles, so ``except ValueError`` still works for
-callers who do not know kappaflow. The CLI prints ``error[CODE]: message`` and exits
-non-zero for any of these; anything else is a bug and keeps its traceback.
+Every failure kappaflow raises on purpose has its own stable code, listed once here and
+in docs/errors.md (a test keeps the two equal). A condition's code stays in its
+subsystem's hundred (KF6xx for jobs), and its class derives from the subsystem's class, so
+``except JobError`` still catches it. Every class mixes in the builtin it resembles, so
+``except ValueError`` or ``except TimeoutError`` still works for callers who do not know
+kappaflow. The CLI prints ``error[CODE]: message`` and exits with the class's
+``exit_code``; anything else is a bug and keeps its traceback.
+
+The subsystem classes keep their own codes (KF100, KF200, …) for errors that name no
+condition: those raised by pipelines and tools outside this package.
 """
 
 from __future__ import annotations
@@ -16,11 +23,54 @@ class KappaflowError(Exception):
     exit_code = 1
 
 
+# KF0xx: the command line and waiting, common to every subsystem.
+
+
+class CommandLineError(KappaflowError, ValueError):
+    """The command line is wrong: unknown command or option, missing or bad argument.
+
+    click raises its own exceptions; the CLI shows them under this code.
+    """
+
+    code = "KF001"
+    exit_code = 2
+
+
+class WaitTimeoutError(KappaflowError, TimeoutError):
+    """A condition kappaflow waited for did not come true within its deadline."""
+
+    code = "KF002"
+
+
+# KF1xx: configuration.
+
+
 class ConfigError(KappaflowError, ValueError):
     """A setting, a flag value or the configuration file is invalid."""
 
     code = "KF100"
     exit_code = 2
+
+
+class InvalidSettingError(ConfigError):
+    """A setting (file, environment or flag) fails validation."""
+
+    code = "KF101"
+
+
+class ConfigSyntaxError(ConfigError):
+    """The configuration file is not valid TOML."""
+
+    code = "KF102"
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """The configuration file given with --config does not exist."""
+
+    code = "KF103"
+
+
+# KF2xx: prerequisites installed by `make setup`.
 
 
 class SetupError(KappaflowError, RuntimeError):
@@ -29,10 +79,100 @@ class SetupError(KappaflowError, RuntimeError):
     code = "KF200"
 
 
+class JavaNotFoundError(SetupError):
+    """No usable Java: none found, or it cannot be run or report its version."""
+
+    code = "KF201"
+
+
+class JavaTooOldError(SetupError):
+    """The Java found is older than the broker and Spark need."""
+
+    code = "KF202"
+
+
+class JarsNotResolvedError(SetupError, LookupError):
+    """The jars a service needs have not been resolved by setup."""
+
+    code = "KF203"
+
+
+class MavenError(SetupError):
+    """Fetching Maven or resolving jars from Maven Central failed."""
+
+    code = "KF204"
+
+
+class LocalFsBuildError(SetupError):
+    """The local filesystem jar cannot be built (javac failed, PySpark's Hadoop jar missing)."""
+
+    code = "KF205"
+
+
+class RedisNotFoundError(SetupError, LookupError):
+    """No redis-server binary: the configured one does not exist, or none is installed."""
+
+    code = "KF206"
+
+
+class JarsDirError(SetupError, PermissionError):
+    """The jars directory cannot be created."""
+
+    code = "KF207"
+
+
+# KF3xx: the embedded services (Kafka broker, Redis).
+
+
 class ServiceError(KappaflowError, RuntimeError):
     """An embedded service (broker, Redis) cannot be started, reached or stopped."""
 
     code = "KF300"
+
+
+class PortInUseError(ServiceError):
+    """A port the service needs is already in use."""
+
+    code = "KF301"
+
+
+class StateDirError(ServiceError, PermissionError):
+    """The service's state directory is not writable."""
+
+    code = "KF302"
+
+
+class ServiceExitedError(ServiceError):
+    """The service exited during start-up (or its storage could not be formatted)."""
+
+    code = "KF303"
+
+
+class ServiceStartTimeoutError(ServiceError, TimeoutError):
+    """The service did not answer within its start-up deadline; it was stopped."""
+
+    code = "KF304"
+
+
+class ExternalServiceError(ServiceError):
+    """The service is external (configured by address): kappaflow does not manage it."""
+
+    code = "KF305"
+
+
+class RedisUnreachableError(ServiceError, ConnectionError):
+    """Redis, the serving store, does not answer."""
+
+    code = "KF306"
+
+
+class ProcessStopError(ServiceError):
+    """A managed process survived SIGKILL."""
+
+    code = "KF307"
+
+
+# KF4xx: the Kafka cluster.
 
 
 class KafkaError(KappaflowError, RuntimeError):
@@ -41,10 +181,43 @@ class KafkaError(KappaflowError, RuntimeError):
     code = "KF400"
 
 
+class KafkaUnreachableError(KafkaError, ConnectionError):
+    """The Kafka cluster cannot be reached at its bootstrap servers."""
+
+    code = "KF401"
+
+
+class TopicExistsError(KafkaError):
+    """The topic to create already exists."""
+
+    code = "KF402"
+
+
+class KafkaRequestError(KafkaError):
+    """The cluster refused an admin request: create or delete a topic, read its configs."""
+
+    code = "KF403"
+
+
 class TopicNotFoundError(KafkaError, LookupError):
     """A topic that the command needs does not exist."""
 
     code = "KF404"
+
+
+class ProduceError(KafkaError):
+    """Writing records to a topic failed (send, replay, a counting batch's transaction)."""
+
+    code = "KF405"
+
+
+class ConsumeError(KafkaError):
+    """Reading a topic failed, or its offsets could not be looked up by time."""
+
+    code = "KF406"
+
+
+# KF5xx: input given to a command (values, times, options of a counting job).
 
 
 class InputError(KappaflowError, ValueError):
@@ -53,7 +226,165 @@ class InputError(KappaflowError, ValueError):
     code = "KF500"
 
 
+class InvalidDurationError(InputError):
+    """A duration is not a number and a unit (10s, 5m, 1h)."""
+
+    code = "KF501"
+
+
+class InvalidTimeError(InputError):
+    """A point in time cannot be parsed or has no time zone."""
+
+    code = "KF502"
+
+
+class InvalidPairError(InputError):
+    """A KEY=VALUE pair (job parameter, topic config) has no '=' or no key."""
+
+    code = "KF503"
+
+
+class OutOfRangeError(InputError):
+    """A count is out of range: negative --max or --offset, partitions or replicas below 1."""
+
+    code = "KF504"
+
+
+class PartitionNotFoundError(InputError, LookupError):
+    """The topic has no partition of that number."""
+
+    code = "KF505"
+
+
+class SameTopicError(InputError):
+    """Replay was given the same topic as source and destination."""
+
+    code = "KF506"
+
+
+class InvalidFieldError(InputError):
+    """A counting job's --key, --time or --id is not a field name."""
+
+    code = "KF507"
+
+
+class ConflictingOptionsError(InputError):
+    """Options of a counting job exclude or need each other (--window, --session-gap,
+    --slide, --realtime, --available-now)."""
+
+    code = "KF508"
+
+
+class InvalidWindowError(InputError):
+    """A counting job's window, slide, session gap, watermark or lateness is out of range."""
+
+    code = "KF509"
+
+
+# KF6xx: streaming jobs.
+
+
 class JobError(KappaflowError, RuntimeError):
     """A streaming job cannot be started, found or stopped."""
 
     code = "KF600"
+
+
+class JobNotFoundError(JobError, LookupError):
+    """No job of that name was ever started (or it was removed)."""
+
+    code = "KF601"
+
+
+class InvalidJobNameError(JobError, ValueError):
+    """A job name has characters other than letters, digits, '.', '_' and '-'."""
+
+    code = "KF602"
+
+
+class PipelineNotFoundError(JobError, LookupError):
+    """No pipeline of that name, module or attribute."""
+
+    code = "KF603"
+
+
+class InvalidPipelineError(JobError, TypeError):
+    """The pipeline reference is malformed or names something that is not a Pipeline."""
+
+    code = "KF604"
+
+
+class JobRunningError(JobError):
+    """The job is running and the command needs it stopped (start, remove)."""
+
+    code = "KF605"
+
+
+class JobNotRunningError(JobError):
+    """The job to stop is not running."""
+
+    code = "KF606"
+
+
+class JobStartError(JobError):
+    """The job (or one of its parts) failed or exited while starting."""
+
+    code = "KF607"
+
+
+class JobStartTimeoutError(JobError, TimeoutError):
+    """The job did not start within its deadline; it was stopped."""
+
+    code = "KF608"
+
+
+class MissingParameterError(JobError, LookupError):
+    """The pipeline needs a parameter (-P KEY=VALUE) the job was not given."""
+
+    code = "KF609"
+
+
+class JobDirError(JobError, PermissionError):
+    """The job's directory cannot be created."""
+
+    code = "KF610"
+
+
+class NotACountJobError(JobError):
+    """A `count` command was given a job that is not a counting job."""
+
+    code = "KF611"
+
+
+class NoCommittedStateError(JobError, LookupError):
+    """The counting job has no committed state to read yet."""
+
+    code = "KF612"
+
+
+class UnknownPartError(JobError, LookupError):
+    """A job part's driver was started for a part its pipeline does not have."""
+
+    code = "KF613"
+
+
+class PartialBatchError(JobError):
+    """The counting sink found fewer too-late events than counted; it does not publish."""
+
+    code = "KF614"
+
+
+def catalogue() -> dict[str, type[KappaflowError]]:
+    """Every error class of this module by its code, in code order."""
+    found: dict[str, type[KappaflowError]] = {}
+    pending: list[type[KappaflowError]] = [KappaflowError]
+    while pending:
+        cls = pending.pop()
+        if cls.__module__ == __name__:
+            if found.get(cls.code, cls) is not cls:
+                raise RuntimeError(
+                    f"{cls.__name__} and {found[cls.code].__name__} share {cls.code}"
+                )
+            found[cls.code] = cls
+        pending.extend(cls.__subclasses__())
+    return dict(sorted(found.items()))

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import psutil
 
-from kappaflow.errors import ServiceError
+from kappaflow.errors import ProcessStopError, WaitTimeoutError
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ def wait_for(
         if result is not None:
             return result
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
 
 
@@ -156,7 +156,7 @@ class ManagedProcess:
                     what=f"{self.name} to die",
                 )
             except TimeoutError:
-                raise ServiceError(f"{self.name} (pid {pid}) survived SIGKILL") from None
+                raise ProcessStopError(f"{self.name} (pid {pid}) survived SIGKILL") from None
         except ProcessLookupError:
             pass
         self.pid_file.unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from kappaflow.errors import ConfigError
+from kappaflow.errors import ConfigFileNotFoundError, ConfigSyntaxError, InvalidSettingError
 
 DEFAULT_CONFIG_FILE = Path("kappaflow.toml")
 
@@ -237,9 +237,11 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         where = ".".join(str(part) for part in first["loc"])
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         source = f" in {path}" if path is not None else ""
-        raise ConfigError(f"invalid setting {where}{source}: {first['msg']}{more}") from None
+        raise InvalidSettingError(
+            f"invalid setting {where}{source}: {first['msg']}{more}"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"cannot parse {path}: {exc}") from None
+        raise ConfigSyntaxError(f"cannot parse {path}: {exc}") from None
     finally:
         _config_file.reset(token)
 
@@ -247,7 +249,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 def _find_config_file(explicit: Path | None) -> Path | None:
     if explicit is not None:
         if not explicit.is_file():
-            raise ConfigError(f"configuration file {explicit} does not exist")
+            raise ConfigFileNotFoundError(f"configuration file {explicit} does not exist")
         return explicit
     from_env = os.environ.get("KAPPAFLOW_CONFIG")
     if from_env:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from kappaflow.errors import InputError
+from kappaflow.errors import InvalidDurationError, InvalidTimeError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -19,7 +19,9 @@ def parse_duration(text: str) -> timedelta:
     """Parse ``500ms``, ``10s``, ``5m``, ``1h`` or ``2d``."""
     match = _DURATION.match(text)
     if match is None:
-        raise InputError(f"invalid duration {text!r}: use a number and a unit, e.g. 10s, 5m, 1h")
+        raise InvalidDurationError(
+            f"invalid duration {text!r}: use a number and a unit, e.g. 10s, 5m, 1h"
+        )
     amount, unit = match.groups()
     return timedelta(seconds=float(amount) * _UNIT_SECONDS[unit])
 
@@ -42,19 +44,19 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise InputError(
+        raise InvalidTimeError(
             f"invalid time {text!r}: use ISO-8601 with a zone (2026-11-21T10:00:00Z), "
             "epoch milliseconds, 'now' or a duration ago (15m)"
         ) from None
     if parsed.tzinfo is None:
-        raise InputError(f"time {text!r} has no zone: add Z or an offset such as +01:00")
+        raise InvalidTimeError(f"time {text!r} has no zone: add Z or an offset such as +01:00")
     return parsed.astimezone(UTC)
 
 
 def to_epoch_ms(moment: datetime) -> int:
     """Milliseconds since the epoch, as Kafka timestamps are counted."""
     if moment.tzinfo is None:
-        raise InputError("naive datetime: kappaflow only handles timezone-aware times")
+        raise InvalidTimeError("naive datetime: kappaflow only handles timezone-aware times")
     return int(moment.timestamp() * 1000)
 
 

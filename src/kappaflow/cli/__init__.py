@@ -7,7 +7,7 @@ import sys
 import click
 
 from kappaflow.cli.app import cli
-from kappaflow.errors import KappaflowError
+from kappaflow.errors import CommandLineError, KappaflowError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,8 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except click.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        click.echo(f"kappaflow: error: {exc.format_message()}{hint}", err=True)
-        return 2
+        click.echo(
+            f"kappaflow: error[{CommandLineError.code}]: {exc.format_message()}{hint}", err=True
+        )
+        return CommandLineError.exit_code
     except click.ClickException as exc:
         click.echo(f"kappaflow: error: {exc.format_message()}", err=True)
         return exc.exit_code

@@ -10,7 +10,7 @@ from kappaflow.counting import outputs
 from kappaflow.counting.spec import CountSpec, millis
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
-from kappaflow.errors import JobError
+from kappaflow.errors import NotACountJobError
 from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.serving.client import redis_client
 
@@ -133,7 +133,7 @@ def _counting_job(ctx: Context, name: str) -> JobRecord:
     """Job ``name``'s record; an error if there is none or it is not a counting job."""
     record = JobManager(ctx.settings).get(name)
     if record.pipeline != PIPELINE:
-        raise JobError(f"job {name!r} is not a counting job")
+        raise NotACountJobError(f"job {name!r} is not a counting job")
     return record
 
 

@@ -6,7 +6,7 @@ import click
 
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say, table
-from kappaflow.errors import InputError
+from kappaflow.errors import InvalidPairError
 from kappaflow.jobs.manager import JobManager
 
 
@@ -34,7 +34,7 @@ def start(ctx: Context, name: str, pipeline: str, params: tuple[str, ...], no_wa
     for pair in params:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise InputError(f"invalid parameter {pair!r}: use KEY=VALUE")
+            raise InvalidPairError(f"invalid parameter {pair!r}: use KEY=VALUE")
         parsed[key] = value
     record = JobManager(ctx.settings).start(
         name,

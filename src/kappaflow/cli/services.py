@@ -10,7 +10,7 @@ import click
 from kappaflow import services as svc
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say, table, when
-from kappaflow.errors import ServiceError
+from kappaflow.errors import ExternalServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
 
@@ -43,7 +43,7 @@ def _show(row: Mapping[str, object], as_json: bool) -> None:
 
 def _embedded_kafka(ctx: Context) -> EmbeddedBroker:
     if not ctx.settings.kafka.embedded:
-        raise ServiceError(
+        raise ExternalServiceError(
             f"Kafka is external ({ctx.settings.kafka.bootstrap}): kappaflow does not manage it"
         )
     return EmbeddedBroker(ctx.settings)
@@ -51,7 +51,9 @@ def _embedded_kafka(ctx: Context) -> EmbeddedBroker:
 
 def _embedded_redis(ctx: Context) -> EmbeddedRedis:
     if not ctx.settings.redis.embedded:
-        raise ServiceError("Redis is external (redis.url is set): kappaflow does not manage it")
+        raise ExternalServiceError(
+            "Redis is external (redis.url is set): kappaflow does not manage it"
+        )
     return EmbeddedRedis(ctx.settings)
 
 

@@ -46,7 +46,7 @@ from kappaflow.counting.text import (
     number_text,
     string_literals,
 )
-from kappaflow.errors import JobError, KafkaError
+from kappaflow.errors import ConsumeError, PartialBatchError, ProduceError
 from kappaflow.kafka.clients import consumer
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -169,7 +169,7 @@ class BatchWriter:
             self.producer.commit_transaction(120)
         except KafkaException as exc:
             self.producer.abort_transaction(60)
-            raise KafkaError(f"publishing batch {batch_id} failed: {exc}") from None
+            raise ProduceError(f"publishing batch {batch_id} failed: {exc}") from None
 
     def _step(self, step: str, batch_id: int, outputs: int) -> None:
         if self.on_step is not None:
@@ -243,7 +243,7 @@ class BatchWriter:
                 and low <= e["ts"] < r["window_end"]
             ]
             if len(matches) != r["count"]:
-                raise JobError(
+                raise PartialBatchError(
                     f"found {len(matches)} of the {r['count']} too-late events of key "
                     f"{r['key']!r} in partition {r['src_partition']} offsets "
                     f"{r['src_offset']}-{r['src_offset_end']}: not publishing a partial batch"
@@ -271,7 +271,7 @@ class BatchWriter:
                 if error is not None:
                     if error.code() == error._PARTITION_EOF:
                         return last
-                    raise KafkaError(f"reading {self.topics['commits']} failed: {error.str()}")
+                    raise ConsumeError(f"reading {self.topics['commits']} failed: {error.str()}")
                 last = max(last, int(json.loads(message.value() or b"{}")["batch_id"]))
         finally:
             reader.close()

@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from kappaflow.errors import InputError
+from kappaflow.errors import ConflictingOptionsError, InvalidFieldError, InvalidWindowError
 from kappaflow.timeutil import parse_duration
 
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -39,24 +39,24 @@ class CountSpec:
             ("--id", self.id_field),
         ):
             if value is not None and not _FIELD.match(value):
-                raise InputError(f"{label} {value!r} is not a field name")
+                raise InvalidFieldError(f"{label} {value!r} is not a field name")
         if (self.window_ms is None) == (self.session_gap_ms is None):
-            raise InputError("give exactly one of --window and --session-gap")
+            raise ConflictingOptionsError("give exactly one of --window and --session-gap")
         if self.session_gap_ms is not None and self.session_gap_ms <= 0:
-            raise InputError("--session-gap must be positive")
+            raise InvalidWindowError("--session-gap must be positive")
         if self.session_gap_ms is not None and self.realtime:
-            raise InputError("--realtime counts fixed windows: use --window with it")
+            raise ConflictingOptionsError("--realtime counts fixed windows: use --window with it")
         if self.window_ms is not None and self.window_ms <= 0:
-            raise InputError("--window must be positive")
+            raise InvalidWindowError("--window must be positive")
         if self.slide_ms is not None:
             if self.window_ms is None:
-                raise InputError("--slide goes with --window")
+                raise ConflictingOptionsError("--slide goes with --window")
             if not 0 < self.slide_ms <= self.window_ms or self.window_ms % self.slide_ms:
-                raise InputError("--slide must divide --window and be no larger than it")
+                raise InvalidWindowError("--slide must divide --window and be no larger than it")
         if self.watermark_ms < 0 or self.allowed_lateness_ms < 0:
-            raise InputError("--watermark and --allowed-lateness must not be negative")
+            raise InvalidWindowError("--watermark and --allowed-lateness must not be negative")
         if self.realtime and self.available_now:
-            raise InputError("--realtime and --available-now exclude each other")
+            raise ConflictingOptionsError("--realtime and --available-now exclude each other")
 
     @property
     def size_ms(self) -> int:

@@ -10,7 +10,7 @@ from kappaflow.counting.processor import decode_counts
 from kappaflow.counting.sessions import decode_sessions
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
-from kappaflow.errors import JobError
+from kappaflow.errors import NoCommittedStateError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
 
@@ -22,7 +22,7 @@ def read_state(settings: Settings, job: str) -> list[WindowCount]:
     spec = CountSpec.from_params(record.params)
     checkpoint = (settings.checkpoint_root / job / "count").resolve()
     if not (checkpoint / "commits").exists():
-        raise JobError(f"job {job!r} has no committed state yet in {checkpoint}")
+        raise NoCommittedStateError(f"job {job!r} has no committed state yet in {checkpoint}")
     spark = build_session(settings, app_name=f"kappaflow:state:{job}")
     sessions = spec.session_gap_ms is not None
     frame = (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from kappaflow.errors import SetupError
+from kappaflow.errors import JarsDirError, JarsNotResolvedError
 from kappaflow.install.maven import copy_dependencies, find_or_fetch_maven
 from kappaflow.settings import Settings
 
@@ -44,7 +44,7 @@ class JarSet:
     def jars(self, settings: Settings) -> list[Path]:
         """The resolved jars; a clear error if setup has not run."""
         if not self.is_resolved(settings):
-            raise SetupError(
+            raise JarsNotResolvedError(
                 f"the {self.name} jars are not resolved in {self.directory(settings)}: "
                 "run `make setup` (or `kappaflow setup`)"
             )
@@ -98,7 +98,7 @@ def resolve(settings: Settings, jar_sets: tuple[JarSet, ...]) -> list[str]:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SetupError(f"cannot create {root}: {exc.strerror}") from None
+        raise JarsDirError(f"cannot create {root}: {exc.strerror}") from None
     mvn = find_or_fetch_maven(settings.state_dir.resolve() / "tools")
     with tempfile.TemporaryDirectory(dir=root) as scratch:
         poms = Path(scratch)

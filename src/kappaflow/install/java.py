@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kappaflow.errors import SetupError
+from kappaflow.errors import JavaNotFoundError, JavaTooOldError
 
 MIN_JAVA = 17
 
@@ -39,19 +39,19 @@ def find_java() -> JavaInfo:
     """The ``java`` from ``$JAVA_HOME`` or ``PATH``, checked to be 17 or newer."""
     candidate = jdk_tool("java")
     if candidate is None:
-        raise SetupError(f"Java not found: {_HOW}")
+        raise JavaNotFoundError(f"Java not found: {_HOW}")
     try:
         out = subprocess.run(
             [str(candidate), "-version"], capture_output=True, text=True, timeout=30, check=False
         )
     except OSError as exc:
-        raise SetupError(f"cannot run {candidate}: {exc.strerror}; {_HOW}") from None
+        raise JavaNotFoundError(f"cannot run {candidate}: {exc.strerror}; {_HOW}") from None
     version = _parse_version(out.stderr + out.stdout)
     if version is None:
-        raise SetupError(f"cannot read the version of {candidate}; {_HOW}")
+        raise JavaNotFoundError(f"cannot read the version of {candidate}; {_HOW}")
     major = _major(version)
     if major < MIN_JAVA:
-        raise SetupError(f"Java {version} at {candidate} is too old: need {MIN_JAVA}+; {_HOW}")
+        raise JavaTooOldError(f"Java {version} at {candidate} is too old: need {MIN_JAVA}+; {_HOW}")
     return JavaInfo(candidate, major, version)
 
 

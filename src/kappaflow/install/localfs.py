@@ -24,7 +24,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from kappaflow.errors import SetupError
+from kappaflow.errors import LocalFsBuildError
 from kappaflow.install.java import jdk_tool
 from kappaflow.settings import Settings
 
@@ -52,7 +52,7 @@ def _hadoop_api_jar() -> Path:
 
     jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
     if not jars:
-        raise SetupError("PySpark's hadoop-client-api jar is missing: reinstall pyspark")
+        raise LocalFsBuildError("PySpark's hadoop-client-api jar is missing: reinstall pyspark")
     return jars[-1]
 
 
@@ -113,7 +113,7 @@ def build_local_fs(settings: Settings) -> str | None:
             check=False,
         )
         if result.returncode != 0:
-            raise SetupError(f"javac failed building {JAR_NAME}: {result.stderr.strip()}")
+            raise LocalFsBuildError(f"javac failed building {JAR_NAME}: {result.stderr.strip()}")
         staged = work / JAR_NAME
         with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
             for path in sorted(classes.rglob("*.class")):

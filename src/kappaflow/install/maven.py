@@ -14,7 +14,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from kappaflow.errors import SetupError
+from kappaflow.errors import MavenError
 
 CENTRAL = "https://repo.maven.apache.org/maven2"
 MAVEN_VERSION = "3.9.9"
@@ -40,12 +40,12 @@ def find_or_fetch_maven(tools_dir: Path) -> Path:
                 expected = response.read().decode().split()[0]
             actual = hashlib.sha512(archive.read_bytes()).hexdigest()
             if actual != expected:
-                raise SetupError(f"Maven download is corrupt (sha512 {actual[:12]}…)")
+                raise MavenError(f"Maven download is corrupt (sha512 {actual[:12]}…)")
             with tarfile.open(archive) as tar:
                 tar.extractall(scratch, filter="data")
             shutil.move(str(Path(scratch) / f"apache-maven-{MAVEN_VERSION}"), home)
     except OSError as exc:
-        raise SetupError(
+        raise MavenError(
             f"Maven is not installed and fetching it from Maven Central failed ({exc}); "
             "install it (Debian/Ubuntu: sudo apt-get install maven) and run make setup again"
         ) from None
@@ -84,4 +84,4 @@ def copy_dependencies(
         output = [ln.strip() for ln in (result.stdout + result.stderr).splitlines() if ln.strip()]
         errors = [ln.replace("[ERROR] ", "") for ln in output if ln.startswith("[ERROR]")]
         reason = errors[0] if errors else (output[-1] if output else f"exit {result.returncode}")
-        raise SetupError(f"resolving {pom.name} from Maven Central failed: {reason}")
+        raise MavenError(f"resolving {pom.name} from Maven Central failed: {reason}")

@@ -21,7 +21,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from kappaflow.errors import JobError
+from kappaflow.errors import (
+    InvalidJobNameError,
+    JobDirError,
+    JobError,
+    JobNotFoundError,
+    JobNotRunningError,
+    JobRunningError,
+    JobStartError,
+    JobStartTimeoutError,
+)
 from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
 from kappaflow.settings import Settings
@@ -85,7 +94,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def validate_name(name: str) -> str:
     if not _NAME.match(name):
-        raise JobError(
+        raise InvalidJobNameError(
             f"invalid job name {name!r}: use letters, digits, '.', '_' and '-' (max 101)"
         )
     return name
@@ -119,12 +128,12 @@ class JobManager:
         home = self.job_dir(name)
         process = self._process(name)
         if process.status().state is ProcState.RUNNING:
-            raise JobError(f"job {name!r} is already running (pid {process.status().pid})")
+            raise JobRunningError(f"job {name!r} is already running (pid {process.status().pid})")
         process.clear_stale()
         try:
             home.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise JobError(f"cannot create {home}: {exc.strerror}") from None
+            raise JobDirError(f"cannot create {home}: {exc.strerror}") from None
         record = JobRecord(
             name=name,
             pipeline=pipeline,
@@ -154,10 +163,10 @@ class JobManager:
             if record.state in (JobState.RUNNING, JobState.FINISHED):
                 return record
             if record.state is JobState.FAILED:
-                raise JobError(f"job {name!r} failed to start: {record.error}")
+                raise JobStartError(f"job {name!r} failed to start: {record.error}")
             if process.exited(pid):
                 last = tail(home / "driver.log", 1)
-                raise JobError(
+                raise JobStartError(
                     f"job {name!r} exited during start-up: {last[-1] if last else '?'} "
                     f"(log: {home / 'driver.log'})"
                 )
@@ -169,7 +178,7 @@ class JobManager:
             # Not left to come up later behind the caller's back: it was reported as failed.
             with contextlib.suppress(JobError):  # unless it has just exited by itself
                 self.stop(name)
-            raise JobError(
+            raise JobStartTimeoutError(
                 f"job {name!r} did not start within {timeout:.0f}s and was stopped "
                 f"(log: {home / 'driver.log'})"
             ) from None
@@ -177,7 +186,7 @@ class JobManager:
     def get(self, name: str) -> JobRecord:
         path = self.job_dir(name) / "job.json"
         if not path.exists():
-            raise JobError(f"no job named {name!r} (see `kappaflow jobs list`)")
+            raise JobNotFoundError(f"no job named {name!r} (see `kappaflow jobs list`)")
         record = JobRecord.load(path)
         if (
             record.state in ACTIVE_STATES
@@ -204,7 +213,7 @@ class JobManager:
         process = self._process(name)
         if process.status().state is not ProcState.RUNNING:
             process.clear_stale()
-            raise JobError(f"job {name!r} is not running (state: {record.state})")
+            raise JobNotRunningError(f"job {name!r} is not running (state: {record.state})")
         process.stop(timeout=timeout, sig=signal.SIGTERM)
         record = JobRecord.load(self.job_dir(name) / "job.json")
         if record.state in ACTIVE_STATES:
@@ -217,7 +226,7 @@ class JobManager:
     def check_stopped(self, name: str) -> None:
         """Raise unless no driver of the job runs (a job that is absent runs none)."""
         if self._process(name).status().state is ProcState.RUNNING:
-            raise JobError(f"job {name!r} is running: stop it first (`kappaflow jobs stop`)")
+            raise JobRunningError(f"job {name!r} is running: stop it first (`kappaflow jobs stop`)")
 
     def remove(self, name: str) -> JobRecord:
         """Forget a job that is not running: its record, logs and checkpoint. Started

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kappaflow.errors import JobError
+from kappaflow.errors import JobStartError
 from kappaflow.jobs.manager import JobState, write_atomically
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
 
@@ -101,7 +101,7 @@ class PartProcesses:
             return True
         failure = self._failure(name)
         if failure is not None:
-            raise JobError(failure)
+            raise JobStartError(failure)
         return None
 
     def failure(self) -> str | None:

@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kappaflow.errors import JobError
+from kappaflow.errors import InvalidPipelineError, MissingParameterError, PipelineNotFoundError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,7 +52,7 @@ class JobContext:
     def param(self, key: str, default: str | None = None) -> str:
         value = self.params.get(key, default)
         if value is None:
-            raise JobError(f"job {self.name!r} needs the parameter {key!r}")
+            raise MissingParameterError(f"job {self.name!r} needs the parameter {key!r}")
         return value
 
 
@@ -95,25 +95,31 @@ def load_pipeline(reference: str) -> Pipeline:
         found = entry_points(group=ENTRY_POINT_GROUP, name=reference)
         if not found:
             known = ", ".join(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
-            raise JobError(
+            raise PipelineNotFoundError(
                 f"unknown pipeline {reference!r} (known: {known}; "
                 "or give one as package.module:attribute)"
             )
         target = next(iter(found)).value
     if not _REFERENCE.match(target):
-        raise JobError(f"invalid pipeline reference {reference!r}: use package.module:attribute")
+        raise InvalidPipelineError(
+            f"invalid pipeline reference {reference!r}: use package.module:attribute"
+        )
     module_name, _, attribute = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise JobError(f"pipeline {reference!r}: no module named {exc.name!r}") from None
+        raise PipelineNotFoundError(
+            f"pipeline {reference!r}: no module named {exc.name!r}"
+        ) from None
     found_object: Any = module
     for name in attribute.split("."):
         found_object = getattr(found_object, name, None)
         if found_object is None:
-            raise JobError(f"pipeline {reference!r}: {module_name} has no {attribute!r}")
+            raise PipelineNotFoundError(
+                f"pipeline {reference!r}: {module_name} has no {attribute!r}"
+            )
     if not isinstance(found_object, Pipeline):
-        raise JobError(
+        raise InvalidPipelineError(
             f"pipeline {reference!r} is a {type(found_object).__name__}, not a kappaflow Pipeline"
         )
     return found_object

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from kappaflow.errors import JobError, KappaflowError
+from kappaflow.errors import KappaflowError, UnknownPartError
 from kappaflow.jobs.manager import JobRecord, JobState, write_atomically
 from kappaflow.jobs.parts import PART_ARG, PartProcesses, write_part_state
 from kappaflow.jobs.pipeline import JobContext, load_pipeline
@@ -133,7 +133,9 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
         settings = _settings(record)
         spec = next((p for p in pipeline.parts(record.params, settings) if p.name == part), None)
         if spec is None:
-            raise JobError(f"pipeline {record.pipeline!r} has no part {part!r} for these params")
+            raise UnknownPartError(
+                f"pipeline {record.pipeline!r} has no part {part!r} for these params"
+            )
         settings = _settings(record, spec.spark)
         spark = build_session(settings, app_name=f"kappaflow:{record.name}:{part}")
         ctx = JobContext(record.name, record.params, spark, settings, part=part)

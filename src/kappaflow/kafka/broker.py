@@ -14,7 +14,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kappaflow.errors import ServiceError
+from kappaflow.errors import (
+    PortInUseError,
+    ServiceExitedError,
+    ServiceStartTimeoutError,
+    StateDirError,
+)
 from kappaflow.install.artifacts import kafka_broker_jars
 from kappaflow.install.java import find_java
 from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail, wait_for
@@ -83,7 +88,7 @@ class EmbeddedBroker:
         kafka = self.settings.kafka
         for port in (kafka.port, kafka.controller_port):
             if port_in_use(kafka.host, port):
-                raise ServiceError(
+                raise PortInUseError(
                     f"port {kafka.host}:{port} is already in use: stop what holds it or choose "
                     "other ports (KAPPAFLOW_KAFKA__PORT, KAPPAFLOW_KAFKA__CONTROLLER_PORT)"
                 )
@@ -126,7 +131,7 @@ class EmbeddedBroker:
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
-            raise ServiceError(
+            raise StateDirError(
                 f"state directory {self.home} is not writable ({exc.strerror}): "
                 "choose another with --state-dir or KAPPAFLOW_STATE_DIR"
             ) from None
@@ -179,7 +184,9 @@ class EmbeddedBroker:
         )
         if result.returncode != 0:
             reason = (result.stderr or result.stdout).strip().splitlines()
-            raise ServiceError(f"formatting Kafka storage failed: {reason[-1] if reason else '?'}")
+            raise ServiceExitedError(
+                f"formatting Kafka storage failed: {reason[-1] if reason else '?'}"
+            )
         (self.home / "cluster.id").write_text(cluster_id + "\n")
 
     def _wait_ready(self, timeout: float) -> None:
@@ -191,7 +198,7 @@ class EmbeddedBroker:
         def ready() -> bool | None:
             if pid is None or self.process.exited(pid):
                 last = tail(self.log_dir / "broker.out", 5) or self.logs(5)
-                raise ServiceError(
+                raise ServiceExitedError(
                     "Kafka broker exited during start-up: "
                     + (last[-1] if last else f"see {self.log_dir}")
                 )
@@ -205,7 +212,7 @@ class EmbeddedBroker:
             wait_for(ready, timeout=timeout, interval=0.3, what="the Kafka broker to answer")
         except TimeoutError:
             self.stop(timeout=5)
-            raise ServiceError(
+            raise ServiceStartTimeoutError(
                 f"Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s; "
                 f"see {self.log_dir / 'server.log'}"
             ) from None

@@ -7,7 +7,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from kappaflow.errors import KafkaError
+from kappaflow.errors import KafkaError, KafkaUnreachableError
 from kappaflow.settings import KafkaSettings
 
 # librdkafka logs connection failures to stderr on its own; the CLI reports them once.
@@ -62,7 +62,7 @@ def cluster_metadata(kafka: KafkaSettings, topic: str | None = None) -> ClusterM
 def unreachable(kafka: KafkaSettings, exc: BaseException | None) -> KafkaError:
     hint = "start it with `kappaflow kafka start`" if kafka.embedded else "check bootstrap_servers"
     detail = f" ({describe(exc)})" if exc is not None else ""
-    return KafkaError(f"cannot reach Kafka at {kafka.bootstrap}{detail}: {hint}")
+    return KafkaUnreachableError(f"cannot reach Kafka at {kafka.bootstrap}{detail}: {hint}")
 
 
 def describe(exc: BaseException) -> str:

@@ -24,7 +24,13 @@ from confluent_kafka import (
     KafkaError as RdKafkaError,
 )
 
-from kappaflow.errors import InputError, KafkaError
+from kappaflow.errors import (
+    ConsumeError,
+    OutOfRangeError,
+    PartitionNotFoundError,
+    ProduceError,
+    SameTopicError,
+)
 from kappaflow.kafka.clients import consumer, describe, producer
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.settings import KafkaSettings
@@ -93,7 +99,7 @@ def produce_lines(
     remaining = client.flush(kafka.timeout_s * 3)
     if remaining or failures:
         reason = failures[0] if failures else f"{remaining} records still queued"
-        raise KafkaError(f"sending to {topic!r} failed: {reason}")
+        raise ProduceError(f"sending to {topic!r} failed: {reason}")
     return report
 
 
@@ -139,11 +145,11 @@ def read_records(
     partition at its first record stamped later than that time.
     """
     if max_records is not None and max_records < 0:
-        raise InputError("--max must not be negative")
+        raise OutOfRangeError("--max must not be negative")
     partitions = topic_partitions(kafka, topic)
     if partition is not None:
         if partition not in partitions:
-            raise InputError(
+            raise PartitionNotFoundError(
                 f"topic {topic!r} has no partition {partition} (has {len(partitions)})"
             )
         partitions = [partition]
@@ -177,7 +183,7 @@ def read_records(
                     if not follow and part is not None:
                         active.discard(part)
                     continue
-                raise KafkaError(f"reading {topic!r} failed: {error.str()}")
+                raise ConsumeError(f"reading {topic!r} failed: {error.str()}")
             if part is None or part not in active:
                 continue
             offset = message.offset() or 0
@@ -205,7 +211,7 @@ def _start_offsets(
         try:
             found: list[TopicPartition] = reader.offsets_for_times(wanted, timeout=kafka.timeout_s)
         except Exception as exc:
-            raise KafkaError(
+            raise ConsumeError(
                 f"cannot look up offsets by time in {topic!r}: {describe(exc)}"
             ) from None
         # -1 means no record at or after that time: such a partition starts at its end.
@@ -215,7 +221,7 @@ def _start_offsets(
         ]
     if start.offset is not None:
         if start.offset < 0:
-            raise InputError("--offset must not be negative")
+            raise OutOfRangeError("--offset must not be negative")
         return [TopicPartition(topic, p, start.offset) for p in partitions]
     position = OFFSET_BEGINNING if start.beginning else OFFSET_END
     return [TopicPartition(topic, p, position) for p in partitions]
@@ -276,7 +282,7 @@ def replay(
     like ``source`` when missing. Returns how many records were copied.
     """
     if source == dest:
-        raise InputError("replay needs a destination other than the source")
+        raise SameTopicError("replay needs a destination other than the source")
     source_partitions = topic_partitions(kafka, source)
     create_topic(kafka, dest, partitions=len(source_partitions), exist_ok=True)
     keep_partition = len(topic_partitions(kafka, dest)) >= len(source_partitions)
@@ -305,7 +311,7 @@ def replay(
     remaining = client.flush(kafka.timeout_s * 3)
     if remaining or failures:
         reason = failures[0] if failures else f"{remaining} records still queued"
-        raise KafkaError(f"replaying into {dest!r} failed: {reason}")
+        raise ProduceError(f"replaying into {dest!r} failed: {reason}")
     return copied
 
 

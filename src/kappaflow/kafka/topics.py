@@ -7,7 +7,13 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic
 
-from kappaflow.errors import InputError, KafkaError, TopicNotFoundError
+from kappaflow.errors import (
+    InvalidPairError,
+    KafkaRequestError,
+    OutOfRangeError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
 from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe
 from kappaflow.settings import KafkaSettings
 
@@ -20,7 +26,7 @@ def parse_configs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(
+            raise InvalidPairError(
                 f"invalid topic config {pair!r}: use key=value, e.g. retention.ms=60000"
             )
         configs[key.strip()] = value.strip()
@@ -38,7 +44,7 @@ def create_topic(
 ) -> bool:
     """Create a topic; True if created, False if it existed and ``exist_ok``."""
     if partitions < 1 or replication_factor < 1:
-        raise InputError("partitions and replication factor must be at least 1")
+        raise OutOfRangeError("partitions and replication factor must be at least 1")
     cluster_metadata(kafka)
     new = NewTopic(name, partitions, replication_factor, config=configs or {})
     # Keep the client referenced until the future resolves: a collected client aborts it.
@@ -51,8 +57,8 @@ def create_topic(
         if err.name() == "TOPIC_ALREADY_EXISTS":
             if exist_ok:
                 return False
-            raise KafkaError(f"topic {name!r} already exists") from None
-        raise KafkaError(f"cannot create topic {name!r}: {describe(exc)}") from None
+            raise TopicExistsError(f"topic {name!r} already exists") from None
+        raise KafkaRequestError(f"cannot create topic {name!r}: {describe(exc)}") from None
     return True
 
 
@@ -106,7 +112,7 @@ def describe_topic(kafka: KafkaSettings, name: str) -> dict[str, Any]:
     try:
         entries = client.describe_configs([resource])[resource].result(timeout=kafka.timeout_s)
     except KafkaException as exc:
-        raise KafkaError(f"cannot read configs of {name!r}: {describe(exc)}") from None
+        raise KafkaRequestError(f"cannot read configs of {name!r}: {describe(exc)}") from None
     configs = {
         key: entry.value
         for key, entry in sorted(entries.items())
@@ -128,4 +134,4 @@ def delete_topic(kafka: KafkaSettings, name: str) -> None:
     try:
         future.result(timeout=kafka.timeout_s)
     except KafkaException as exc:
-        raise KafkaError(f"cannot delete topic {name!r}: {describe(exc)}") from None
+        raise KafkaRequestError(f"cannot delete topic {name!r}: {describe(exc)}") from None

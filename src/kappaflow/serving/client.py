@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from kappaflow.errors import ServiceError
+from kappaflow.errors import RedisUnreachableError
 from kappaflow.settings import Settings
 
 
@@ -19,7 +19,7 @@ def redis_client(settings: Settings) -> redis.Redis:
             if settings.redis.embedded
             else "check redis.url"
         )
-        raise ServiceError(
+        raise RedisUnreachableError(
             f"cannot reach Redis at {settings.redis.effective_url} ({exc}): {hint}"
         ) from None
     return client

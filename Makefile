@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STATE_DIR ?= .kappaflow
-# Stamps make setup incremental: the venv is rebuilt when pyproject.toml changes, the
-# jars when their POMs change (kappaflow setup checks the POM fingerprints itself).
+# Stamps make setup incremental: the venv is rebuilt when either pyproject.toml changes
+# (the product's or the benchmarks'), the jars when their POMs change (kappaflow setup
+# checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
 .PHONY: setup demo test check lint format bench bench-scale clean prereqs
@@ -17,24 +18,24 @@ setup: $(VENV_STAMP)
 prereqs:
 	@scripts/prereqs.sh $(PYTHON)
 
-$(VENV_STAMP): pyproject.toml
+$(VENV_STAMP): pyproject.toml benchmarks/pyproject.toml
 	@scripts/prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -e benchmarks
 	@touch $@
 
 demo: setup
 	$(BIN)/kappaflow --state-dir $(STATE_DIR) demo
 
 lint: $(VENV_STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
 format: $(VENV_STAMP)
-	$(BIN)/ruff format src tests
-	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
 
 # Everything the README promises: unit, integration (real broker, Redis, Spark) and the
 # benchmark's peer engines.
@@ -47,17 +48,18 @@ check: $(VENV_STAMP)
 	$(BIN)/pytest -m unit -q
 
 # Long runs with printed figures and result files under bench-results/; never part of test.
+# kappaflow-bench is the benchmarks' own distribution (benchmarks/), not the product.
 # After the counting benchmark, a YSB sweep of every engine (three rates, 30 s runs after
 # a 60 s warm-up, as the JIT needs; about 40 minutes, the first Flink and Quix runs
 # install them).
 bench: setup
-	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count --events 1000000 --out bench-results/count
-	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench ysb-sweep --rates 20000,50000,100000 \
+	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) count --events 1000000 --out bench-results/count
+	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) ysb-sweep --rates 20000,50000,100000 \
 		--duration 30 --warmup 60 --partitions 2 --out bench-results/ysb-sweep
 
 # A million distinct keys in 1-minute windows, a 4 GiB driver: about five minutes.
 bench-scale: setup
-	$(BIN)/kappaflow --state-dir $(STATE_DIR) bench count-scale --out bench-results/count-scale
+	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) count-scale --out bench-results/count-scale
 
 clean:
 	-$(BIN)/kappaflow --state-dir $(STATE_DIR) down 2>/dev/null

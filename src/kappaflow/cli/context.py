@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -19,6 +20,27 @@ class Context:
     overrides: dict[str, Any]
     _settings: Settings | None = field(default=None, repr=False)
 
+    @classmethod
+    def from_options(
+        cls,
+        config_file: Path | None,
+        state_dir: Path | None,
+        bootstrap_servers: str | None,
+        spark_master: str | None,
+        redis_url: str | None,
+    ) -> Context:
+        """The context the global options (:func:`settings_options`) describe."""
+        overrides: dict[str, Any] = {}
+        if state_dir is not None:
+            overrides["state_dir"] = state_dir
+        if bootstrap_servers is not None:
+            overrides["kafka"] = {"bootstrap_servers": bootstrap_servers}
+        if spark_master is not None:
+            overrides["spark"] = {"master": spark_master}
+        if redis_url is not None:
+            overrides["redis"] = {"url": redis_url}
+        return cls(config_file, overrides)
+
     @property
     def settings(self) -> Settings:
         if self._settings is None:
@@ -27,3 +49,37 @@ class Context:
 
 
 pass_context = click.make_pass_decorator(Context)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_SETTINGS_OPTIONS = (
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(path_type=Path),
+        help="TOML settings file [default: ./kappaflow.toml if present]",
+    ),
+    click.option(
+        "--state-dir",
+        type=click.Path(path_type=Path),
+        help="where services, checkpoints and logs live [default: .kappaflow]",
+    ),
+    click.option(
+        "--bootstrap-servers",
+        metavar="HOST:PORT[,…]",
+        help="an external Kafka cluster (nothing embedded is started then)",
+    ),
+    click.option(
+        "--spark-master", metavar="URL", help="local[*], spark://host:7077, yarn, k8s://…"
+    ),
+    click.option("--redis-url", metavar="URL", help="an external Redis, redis://host:port/db"),
+)
+
+
+def settings_options(command: _F) -> _F:
+    """The global options that choose the settings, for any command line built on
+    kappaflow's (its root group passes them to :meth:`Context.from_options`)."""
+    for option in reversed(_SETTINGS_OPTIONS):
+        command = option(command)
+    return command

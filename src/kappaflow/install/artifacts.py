@@ -2,8 +2,9 @@
 
 Two separate sets, because the broker and Spark pin different Scala, Jackson and slf4j
 versions and must never share a classpath: the Kafka broker's runtime classpath, and the
-four connector jars Spark needs on top of what PySpark ships. A third, Flink's Kafka
-connector, is only for the YSB peer and is resolved when that peer first runs.
+four connector jars Spark needs on top of what PySpark ships. Another distribution can
+describe a set of its own (a :class:`JarSet` whose POM it ships) and :func:`resolve` it
+the same way.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ class JarSet:
     name: str
     pom_resource: str
     include_artifact_ids: tuple[str, ...] = ()
+    #: The package whose ``poms/`` directory holds ``pom_resource``.
+    package: str = "kappaflow.install"
 
     def directory(self, settings: Settings) -> Path:
         return settings.jars_path / self.name
 
     def pom_text(self) -> str:
-        return resources.files("kappaflow.install").joinpath("poms", self.pom_resource).read_text()
+        return resources.files(self.package).joinpath("poms", self.pom_resource).read_text()
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.pom_text().encode()).hexdigest()
@@ -64,22 +67,12 @@ SPARK_CONNECTOR = JarSet(
 )
 
 
-#: Not resolved by setup: only ``kappaflow bench ysb --engine flink`` needs it.
-FLINK_CONNECTOR = JarSet("flink", "flink-kafka.xml", ("flink-sql-connector-kafka",))
-
-
 def kafka_broker_jars(settings: Settings) -> list[Path]:
     return KAFKA_BROKER.jars(settings)
 
 
 def spark_connector_jars(settings: Settings) -> list[Path]:
     return SPARK_CONNECTOR.jars(settings)
-
-
-def flink_connector_jars(settings: Settings) -> list[Path]:
-    """Flink's Kafka connector, resolved from Maven Central on first use."""
-    resolve(settings, (FLINK_CONNECTOR,))
-    return FLINK_CONNECTOR.jars(settings)
 
 
 def resolve_all(settings: Settings) -> list[str]:

@@ -86,7 +86,7 @@ def produce_lines(
                 continue
             field_value = value[key_field]
             key = field_value if isinstance(field_value, str) else json.dumps(field_value)
-        _produce(
+        produce_with_retry(
             client,
             topic,
             line.encode(),
@@ -107,16 +107,28 @@ def _raw(data: bytes | str | None) -> bytes | None:
     return data.encode() if isinstance(data, str) else data
 
 
-def _produce(
-    client: Any, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any
+def produce_with_retry(
+    client: Any,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None = None,
+    *,
+    poll_s: float = 0.5,
+    **kwargs: Any,
 ) -> None:
+    """``client.produce``, waiting while the producer's local queue is full.
+
+    A full queue (``BufferError``) is back-pressure, not a failure: poll up to ``poll_s``
+    to serve deliveries and free room, then try again. A producer that asks for delivery
+    reports of errors only gets few callbacks, so each poll waits its whole ``poll_s``:
+    a fast sender gives a short one.
+    """
     while True:
         try:
             client.produce(topic, value=value, key=key, **kwargs)
             return
         except BufferError:
-            # The local queue is full: let deliveries drain it, then try again.
-            client.poll(0.5)
+            client.poll(poll_s)
 
 
 @dataclass(frozen=True)
@@ -304,7 +316,7 @@ def replay(
             extra["partition"] = message.partition()
         if message.headers():
             extra["headers"] = message.headers()
-        _produce(client, dest, _raw(message.value()), _raw(message.key()), **extra)
+        produce_with_retry(client, dest, _raw(message.value()), _raw(message.key()), **extra)
         copied += 1
         if progress is not None:
             progress(copied, total)

@@ -11,12 +11,9 @@ the window's last record.
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +23,9 @@ from kappaflow.errors import KafkaError
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
-from kappaflow.ysb.store import WindowStat
-from kappaflow.ysb.workload import WINDOW_MS
+from kappaflow_bench.report import percentile, write_json
+from kappaflow_bench.ysb.store import WindowStat
+from kappaflow_bench.ysb.workload import WINDOW_MS
 
 PERCENTILES = (1, 10, 25, 50, 75, 90, 99, 100)
 
@@ -72,15 +70,6 @@ class RunResult:
             ],
             ["mismatched windows", str(self.mismatched_windows)],
         ]
-
-
-def percentile(values: Sequence[int], q: float) -> int | None:
-    """Nearest-rank percentile, ``q`` in [0, 100]."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 def window_latencies(stats: Sequence[WindowStat], measured_from_ms: int = 0) -> list[int]:
@@ -146,33 +135,12 @@ class KafkaWindows:
         self._reader.close()
 
 
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        model = next(
-            (line.split(":", 1)[1].strip() for line in text.splitlines() if "model name" in line),
-            None,
-        )
-        info["cpu_model"] = model
-        mem = Path("/proc/meminfo").read_text().split()
-        info["memory_gib"] = round(int(mem[1]) / 1024 / 1024, 1)
-    except (OSError, IndexError, ValueError):
-        pass
-    return info
-
-
 def write_outputs(
     out_dir: Path, result: RunResult, stats: Sequence[WindowStat], measured_from_ms: int
 ) -> list[Path]:
     """result.json, seen.txt and updated.txt (one line per window, in the same order),
     windows.csv (the same windows with their campaign and start) and latency.png."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_json(out_dir / "result.json", result)
     (out_dir / "seen.txt").write_text("".join(f"{s.seen_count}\n" for s in stats))
     (out_dir / "updated.txt").write_text("".join(f"{s.updated}\n" for s in stats))
     (out_dir / "windows.csv").write_text(

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,17 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from kappaflow.counting.outputs import remove
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
+from kappaflow.errors import ConfigError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer, producer
-from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
+from kappaflow_bench.report import machine, percentile, write_json
 
-PAD = "x" * 200  # brings an event to ~250 bytes of JSON, as the issue's workload says
+PAD = "x" * 200  # brings an event to ~250 bytes of JSON
 
 
 @dataclass
@@ -91,12 +92,7 @@ def produce_backlog(
     started = time.perf_counter()
     for n in range(events):
         value = event(rng, n, keys, origin + n * 60_000 // 100_000)
-        while True:
-            try:
-                out.produce(topic, value=value)
-                break
-            except BufferError:
-                out.poll(0.05)
+        produce_with_retry(out, topic, value, poll_s=0.05)
     out.flush(120)
     return events / (time.perf_counter() - started)
 
@@ -253,7 +249,7 @@ def measure_latency(
             due = int((now - started) * rate) - len(sent_at)
             stamp = int(time.time() * 1000)
             for _ in range(max(0, due)):
-                out.produce(topic, value=event(rng, len(sent_at), keys, stamp))
+                produce_with_retry(out, topic, event(rng, len(sent_at), keys, stamp), poll_s=0.05)
                 sent_at.append(time.perf_counter())
             out.poll(0)
             if now >= next_probe:
@@ -281,7 +277,7 @@ def send_steadily(
         due = int((now - started) * rate) - sent
         stamp = int(time.time() * 1000)
         for _ in range(max(0, due)):
-            out.produce(topic, value=event(rng, sent, keys, stamp))
+            produce_with_retry(out, topic, event(rng, sent, keys, stamp), poll_s=0.05)
             sent += 1
         out.poll(0)
         time.sleep(0.001)
@@ -348,13 +344,6 @@ def clean_up(settings: Settings, topics: list[str], jobs: list[str]) -> None:
             delete_topic(settings.kafka, topic)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def run(
     settings: Settings,
     *,
@@ -369,18 +358,11 @@ def run(
     """The measurements named in ``parts`` (all by default); the others stay empty."""
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
-        raise ValueError(f"unknown benchmark parts {unknown}; known: {', '.join(PARTS)}")
+        raise ConfigError(f"unknown benchmark parts {unknown}; known: {', '.join(PARTS)}")
     result = CountBenchResult(
         events=events, keys=keys, event_bytes=len(event(random.Random(0), 0, keys, 0))
     )
-    result.machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        # Other work on the machine shows here; the figures are only as quiet as this.
-        "load_average_at_start": os.getloadavg()[0],
-        "parts": list(parts),
-    }
+    result.machine = {**machine(), "parts": list(parts)}
     if "ceiling" in parts or "throughput" in parts:
         topic = f"bench.count.{uuid.uuid4().hex[:6]}"
         create_topic(settings.kafka, topic, partitions=2)
@@ -402,8 +384,8 @@ def run(
         samples = measure_latency(settings, latency_rate, latency_seconds, keys, overrides)
         result.latency_rate, result.latency_seconds = latency_rate, latency_seconds
         result.latency_samples = len(samples)
-        result.latency_p50_s = percentile(samples, 0.5)
-        result.latency_p99_s = percentile(samples, 0.99)
+        result.latency_p50_s = percentile(samples, 50)
+        result.latency_p99_s = percentile(samples, 99)
     realtime_ms: list[float] = []
     if "realtime" in parts:
         realtime_ms = measure_realtime_latency(
@@ -411,11 +393,10 @@ def run(
         )
         result.realtime_rate, result.realtime_seconds = latency_rate, latency_seconds
         result.realtime_samples = len(realtime_ms)
-        result.realtime_p50_ms = percentile(realtime_ms, 0.5)
-        result.realtime_p99_ms = percentile(realtime_ms, 0.99)
-    result.machine["load_average_at_end"] = os.getloadavg()[0]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+        result.realtime_p50_ms = percentile(realtime_ms, 50)
+        result.realtime_p99_ms = percentile(realtime_ms, 99)
+    result.machine["load_average_at_end"] = os.getloadavg()
+    write_json(out_dir / "result.json", result)
     if samples:
         (out_dir / "latency.txt").write_text("".join(f"{s:.4f}\n" for s in samples))
     if realtime_ms:

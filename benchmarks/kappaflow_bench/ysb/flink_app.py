@@ -1,6 +1,6 @@
 """YSB on Apache Flink, driven from PyFlink, as a peer.
 
-Run by ``kappaflow bench ysb --engine flink`` in a virtual environment of its own
+Run by ``kappaflow-bench ysb --engine flink`` in a virtual environment of its own
 (``<state_dir>/engines/flink/venv``): PyFlink pins older numpy, pandas and protobuf
 than kappaflow. Reads its run's description as JSON on stdin.
 
@@ -20,7 +20,7 @@ would put PyFlink's Python workers on the hot path):
 - every updated count goes to a Kafka topic (``upsert-kafka``: keyed by campaign and
   window, a tombstone before each new count): the run's output topic with the Kafka sink, or a relay
   topic that a thread of this process moves to Redis in the original layout
-  (``kappaflow.ysb.relay``, as Spark's real-time job does).
+  (``kappaflow_bench.ysb.relay``, as Spark's real-time job does).
 
 Flink runs as a local mini-cluster in the JVM PyFlink starts, without checkpoints, as
 the original Flink job ran.
@@ -36,9 +36,9 @@ from types import FrameType
 from typing import Any
 
 from kappaflow.settings import KafkaSettings
-from kappaflow.ysb.relay import WindowRelay
-from kappaflow.ysb.store import ad_campaigns, connect
-from kappaflow.ysb.workload import WINDOW_MS
+from kappaflow_bench.ysb.relay import WindowRelay
+from kappaflow_bench.ysb.store import ad_campaigns, connect
+from kappaflow_bench.ysb.workload import WINDOW_MS
 
 #: How often a window's growing count is emitted (Flink's early firing).
 EARLY_FIRE = "100 ms"

@@ -1,6 +1,6 @@
 """YSB on Quix Streams, the Python-native stream processing library, as a peer.
 
-Run by ``kappaflow bench ysb --engine quix`` in a virtual environment of its own
+Run by ``kappaflow-bench ysb --engine quix`` in a virtual environment of its own
 (``<state_dir>/engines/quix/venv``): Quix Streams pins an older confluent-kafka than
 kappaflow. Reads its run's description as JSON on stdin.
 
@@ -22,8 +22,8 @@ import time
 from types import FrameType
 from typing import Any
 
-from kappaflow.ysb.store import WindowWriter, ad_campaigns, connect
-from kappaflow.ysb.workload import WINDOW_MS
+from kappaflow_bench.ysb.store import WindowWriter, ad_campaigns, connect
+from kappaflow_bench.ysb.workload import WINDOW_MS
 
 FLUSH_S = 0.05
 #: How late an event may be and still count (the windows' grace period).

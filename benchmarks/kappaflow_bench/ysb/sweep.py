@@ -1,6 +1,6 @@
-"""``kappaflow bench ysb-sweep``: each engine's maximum sustainable rate.
+"""``kappaflow-bench ysb-sweep``: each engine's maximum sustainable rate.
 
-For every engine, one YSB run (``kappaflow.ysb.bench.run``) per rate, from the lowest
+For every engine, one YSB run (``kappaflow_bench.ysb.bench.run``) per rate, from the lowest
 rate up, until a run is not sustainable; the engine's maximum sustainable rate is the
 last rate before that. A run is sustainable when
 
@@ -13,13 +13,12 @@ last rate before that. A run is sustainable when
 
 A run that fails (the engine does not start, does not count its warm-up in time) ends
 the engine's sweep too, with the error as the reason. Each run keeps its own directory
-(``<out>/<engine>/<rate>/``, as ``kappaflow bench ysb`` writes it); the sweep writes
+(``<out>/<engine>/<rate>/``, as ``kappaflow-bench ysb`` writes it); the sweep writes
 ``<out>/sweep.json`` and ``<out>/p99.png``, p99 against rate for every engine.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,8 +27,9 @@ from typing import Any
 
 from kappaflow.errors import ConfigError, KappaflowError
 from kappaflow.settings import Settings
-from kappaflow.ysb.bench import ENGINES, RunSpec, run
-from kappaflow.ysb.results import RunResult, machine
+from kappaflow_bench.report import machine, write_json
+from kappaflow_bench.ysb.bench import ENGINES, RunSpec, run
+from kappaflow_bench.ysb.results import RunResult
 
 #: The rates a sweep climbs by default, events/s.
 DEFAULT_RATES = (10_000, 20_000, 50_000, 100_000, 200_000)
@@ -174,7 +174,7 @@ def sweep(
             "partitions": base.partitions,
             "generator_processes": base.processes,
         },
-        machine={**machine(), "load_average_at_start": os.getloadavg()},
+        machine=machine(),
     )
     for engine in engines:
         for rate in rates:
@@ -202,8 +202,7 @@ def sweep(
 def write(out_dir: Path, result: SweepResult) -> None:
     """sweep.json and p99.png, rewritten after every run: an interrupted sweep keeps
     what it measured."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sweep.json").write_text(json.dumps(result.as_json(), indent=2) + "\n")
+    write_json(out_dir / "sweep.json", result.as_json())
     plot_p99(out_dir / "p99.png", result)
 
 

@@ -8,7 +8,7 @@ own (100 users, 100 pages, its own 1000 ads, 10 per campaign), ad types and even
 uniformly from the original's lists.
 
 One process runs in the caller (``generate``); ``run_processes`` splits a rate over
-several processes of their own (``python -m kappaflow.ysb.generator``), all on one
+several processes of their own (``python -m kappaflow_bench.ysb.generator``), all on one
 schedule, and adds up what they report.
 """
 
@@ -26,7 +26,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from kappaflow.ysb.workload import AD_TYPES, EVENT_TAIL, EVENT_TYPES, PAGES, USERS, event_head
+from kappaflow.errors import ConfigError, JobError
+from kappaflow.kafka.records import produce_with_retry
+from kappaflow_bench.ysb.workload import AD_TYPES, EVENT_TAIL, EVENT_TYPES, PAGES, USERS, event_head
 
 #: librdkafka settings for throughput. Records are small and unkeyed: large batches,
 #: lz4, one broker acknowledgement (nothing here is replicated), no idempotence (its
@@ -88,7 +90,7 @@ def generate(
 ) -> GeneratorStats:
     """Send ``rate * duration_s`` events on schedule from ``start_ns`` (default: now)."""
     if rate < 1:
-        raise ValueError("rate must be at least 1 event per second")
+        raise ConfigError("rate must be at least 1 event per second")
     rng = random.Random(seed)
     users, pages = _uuids(rng, USERS), _uuids(rng, PAGES)
     errors = [0]
@@ -101,7 +103,7 @@ def generate(
     total = int(rate * duration_s)
     start = start_ns if start_ns is not None else time.time_ns()
     stats = GeneratorStats(rate=rate)
-    produce, choices = producer.produce, rng.choices
+    choices = rng.choices
     sent = 0
     while sent < total:
         now = time.time_ns()
@@ -131,12 +133,8 @@ def generate(
             value = (
                 head + str((start + k * 1_000_000_000 // rate) // 1_000_000) + EVENT_TAIL
             ).encode()
-            while True:
-                try:
-                    produce(topic, value)
-                    break
-                except BufferError:
-                    producer.poll(0.005)
+            # A full queue drains fast at these rates: poll briefly, then send again.
+            produce_with_retry(producer, topic, value, poll_s=0.005)
         sent += n
         producer.poll(0)
     remaining = producer.flush(60)
@@ -177,7 +175,7 @@ def run_processes(
             "seed": n,
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kappaflow.ysb.generator"],
+            [sys.executable, "-m", "kappaflow_bench.ysb.generator"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -192,7 +190,7 @@ def run_processes(
             assert proc.stdout is not None
             out = proc.stdout.read()
             if proc.wait(timeout=duration_s + lead_s + 120) != 0 or not out.strip():
-                raise RuntimeError(f"generator process {proc.pid} failed (exit {proc.returncode})")
+                raise JobError(f"generator process {proc.pid} failed (exit {proc.returncode})")
             part = json.loads(out)
             total.per_process.append(part)
             total.events += part["events"]

@@ -20,7 +20,7 @@ from kappaflow.errors import KafkaError
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
-from kappaflow.ysb.workload import window_start
+from kappaflow_bench.ysb.workload import window_start
 
 Window = tuple[str, int]  # (campaign id, window start ms)
 

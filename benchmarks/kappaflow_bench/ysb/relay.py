@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
-from kappaflow.ysb.store import WindowWriter, connect
+from kappaflow_bench.ysb.store import WindowWriter, connect
 
 #: How long the broker may hold a fetch for more data: the relay's added latency.
 FETCH_WAIT_MS = 5

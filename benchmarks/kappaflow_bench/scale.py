@@ -14,21 +14,23 @@ import json
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from kappaflow.bench.counting import PAD, clean_up
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import producer
+from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import create_topic
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
+from kappaflow_bench.count import PAD, clean_up
+from kappaflow_bench.report import write_json
 
 #: A prime, so that stepping by it visits every key before repeating one (for any number
 #: of keys it does not divide).
@@ -103,12 +105,7 @@ def run_scale(
                 key = (sent * STRIDE + offset) % keys
                 seen.add(key)
                 value = json.dumps({"key": f"k{key}", "ts": stamp, "pad": PAD})
-                while True:
-                    try:
-                        out.produce(topic, value=value.encode())
-                        break
-                    except BufferError:
-                        out.poll(0.05)
+                produce_with_retry(out, topic, value.encode(), poll_s=0.05)
                 sent += 1
             out.poll(0)
             if now >= next_sample:
@@ -140,8 +137,7 @@ def run_scale(
     result.max_window_keys = max((s.window_keys for s in result.samples), default=0)
     result.last_window_keys = result.samples[-1].window_keys if result.samples else 0
     result.max_rss_bytes = max((s.rss_bytes for s in result.samples), default=0)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_json(out_dir / "result.json", result)
     return result
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import kappaflow
+import kappaflow_bench
 from kappaflow.errors import JobError, SetupError, TopicNotFoundError
+from kappaflow.install.artifacts import JarSet, resolve
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
@@ -32,6 +34,17 @@ FLINK_VERSION = "2.2.1"
 #: The original job's parallelism was hosts x cores: 2 here.
 FLINK_PARALLELISM = 2
 STOP_TIMEOUT_S = 60.0
+#: Flink's Kafka SQL connector (poms/flink-kafka.xml), resolved from Maven Central the
+#: way ``kappaflow setup`` resolves kappaflow's own jars, when a Flink run first needs it.
+FLINK_CONNECTOR = JarSet(
+    "flink", "flink-kafka.xml", ("flink-sql-connector-kafka",), package="kappaflow_bench.ysb"
+)
+
+
+def flink_connector_jars(settings: Settings) -> list[Path]:
+    """Flink's Kafka connector jars, resolved on first use."""
+    resolve(settings, (FLINK_CONNECTOR,))
+    return FLINK_CONNECTOR.jars(settings)
 
 
 class Engine(Protocol):
@@ -58,7 +71,10 @@ class SparkEngine:
 
     def start(self) -> None:
         self.jobs.start(
-            self.name, "kappaflow.ysb.pipeline:PIPELINE", self.params, overrides=self.overrides
+            self.name,
+            "kappaflow_bench.ysb.pipeline:PIPELINE",
+            self.params,
+            overrides=self.overrides,
         )
 
     def stop(self, log_to: Path) -> None:
@@ -131,10 +147,11 @@ class AppEngine:
         self.install_s = round(time.monotonic() - began, 1)
 
     def app_env(self) -> dict[str, str]:
-        # kappaflow's own sources, for the Redis layout and the workload's constants;
-        # the few of its dependencies that the apps import are in their venvs.
-        src = str(Path(kappaflow.__file__).resolve().parents[1])
-        return {**os.environ, "PYTHONPATH": src}
+        # The benchmarks' sources (the Redis layout, the workload's constants) and
+        # kappaflow's, which they import; the few of their dependencies that the apps
+        # import are in the apps' venvs.
+        roots = (Path(m.__file__ or "").resolve().parents[1] for m in (kappaflow_bench, kappaflow))
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, roots))}
 
     def start(self) -> None:
         self.install()
@@ -195,11 +212,11 @@ class AppEngine:
 
 
 class QuixEngine(AppEngine):
-    """The same job on Quix Streams (``kappaflow.ysb.quix_app``), a process of its own."""
+    """The same job on Quix Streams (``kappaflow_bench.ysb.quix_app``), a process of its own."""
 
     kind = "quix"
     label = "Quix Streams"
-    module = "kappaflow.ysb.quix_app"
+    module = "kappaflow_bench.ysb.quix_app"
     packages = (f"quixstreams=={QUIX_VERSION}", "redis>=5")
 
     def __init__(self, settings: Settings, name: str, spec: dict[str, Any]) -> None:
@@ -225,13 +242,13 @@ class QuixEngine(AppEngine):
 
 
 class FlinkEngine(AppEngine):
-    """The same job on Apache Flink, driven from PyFlink (``kappaflow.ysb.flink_app``):
+    """The same job on Apache Flink, driven from PyFlink (``kappaflow_bench.ysb.flink_app``):
     Flink SQL in a local mini-cluster, a JVM the app process starts."""
 
     kind = "flink"
     label = "PyFlink"
-    module = "kappaflow.ysb.flink_app"
-    # confluent-kafka and pydantic for the relay to Redis (kappaflow.ysb.relay).
+    module = "kappaflow_bench.ysb.flink_app"
+    # confluent-kafka and pydantic for the relay to Redis (kappaflow_bench.ysb.relay).
     packages = (
         f"apache-flink=={FLINK_VERSION}",
         "redis>=5",
@@ -261,8 +278,6 @@ class FlinkEngine(AppEngine):
         }
 
     def start(self) -> None:
-        from kappaflow.install.artifacts import flink_connector_jars
-
         jars = flink_connector_jars(self.settings)
         self.spec["jars"] = [jar.resolve().as_uri() for jar in jars]
         Path(self.spec["tmp_dir"]).mkdir(parents=True, exist_ok=True)
@@ -289,7 +304,7 @@ class FlinkEngine(AppEngine):
         shutil.rmtree(tmp, ignore_errors=True)
 
     def describe(self) -> dict[str, Any]:
-        from kappaflow.ysb import flink_app
+        from kappaflow_bench.ysb import flink_app
 
         return {
             **super().describe(),
@@ -302,8 +317,6 @@ class FlinkEngine(AppEngine):
         }
 
     def versions(self) -> dict[str, str]:
-        from kappaflow.install.artifacts import FLINK_CONNECTOR
-
         found = re.search(r"<version>([^<]+)</version>\s*</dependency>", FLINK_CONNECTOR.pom_text())
         connector = found.group(1) if found else "?"
         return {"engine": f"pyflink {FLINK_VERSION}", "flink_kafka_connector": connector}

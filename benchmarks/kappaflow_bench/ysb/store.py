@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import redis
 
 from kappaflow.errors import ServiceError
-from kappaflow.ysb.workload import ADS_PER_CAMPAIGN, CAMPAIGNS
+from kappaflow_bench.ysb.workload import ADS_PER_CAMPAIGN, CAMPAIGNS
 
 YSB_DB = 1
 #: Hash of writer -> last batch id applied (a hash, so the ad table's scan skips it).

@@ -1,4 +1,4 @@
-"""``kappaflow bench ysb`` and ``kappaflow bench ysb-generator``: the Yahoo Streaming Benchmark."""
+"""``ysb``, ``ysb-sweep`` and ``ysb-generator``: the Yahoo Streaming Benchmark."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def ysb(
     out_dir: Path,
 ) -> None:
     """One Yahoo Streaming Benchmark run: windows' latency, rates and a correctness check."""
-    from kappaflow.ysb.bench import RunSpec, run
+    from kappaflow_bench.ysb.bench import RunSpec, run
 
     spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch)
     spec.validate()
@@ -179,8 +179,8 @@ def ysb_sweep(
 ) -> None:
     """Raise the rate per engine until window p99 passes --max-p99 or the engine falls
     behind: each engine's maximum sustainable rate, sweep.json and p99.png."""
-    from kappaflow.ysb.bench import RunSpec
-    from kappaflow.ysb.sweep import COLUMNS, sweep, validate
+    from kappaflow_bench.ysb.bench import RunSpec
+    from kappaflow_bench.ysb.sweep import COLUMNS, sweep, validate
 
     names = [e.strip() for e in engines.split(",") if e.strip()]
     steps = _ints("--rates", rates)
@@ -214,7 +214,7 @@ def ysb_sweep(
 def ysb_generator(ctx: Context, events: int, processes: int, partitions: int) -> None:
     """The YSB generator's maximum rate alone: EVENTS sent as fast as it can."""
     from kappaflow.kafka.topics import create_topic, delete_topic
-    from kappaflow.ysb.generator import run_processes
+    from kappaflow_bench.ysb.generator import run_processes
 
     with embedded_services(ctx.settings):
         topic = f"ysb.generator.{uuid.uuid4().hex[:8]}"

@@ -1,1 +1,0 @@
-"""Benchmarks: long runs that print figures and write result files (never tests)."""

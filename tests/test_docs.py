@@ -1,7 +1,8 @@
 """The documentation stays true: its commands and options exist, and every setting is
 documented.
 
-Every ``kappaflow …`` line in README.md and docs/ (inline code and shell blocks) is walked
+Every ``kappaflow …`` and ``kappaflow-bench …`` line in README.md and docs/ (inline code
+and shell blocks) is walked
 through the click tree word by word: a word after a group must be one of its
 subcommands, and every option on the line must belong to the command it reaches (or, before
 the first subcommand, to the root). A command or option removed from the CLI fails here
@@ -21,42 +22,47 @@ from pydantic import BaseModel
 
 from kappaflow.cli.app import cli
 from kappaflow.settings import Settings
+from kappaflow_bench.cli import cli as bench_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
-_SPAN = re.compile(r"`kappaflow ([^`]+)`")
+#: The documented programs and their click trees.
+PROGRAMS: dict[str, click.Group] = {"kappaflow": cli, "kappaflow-bench": bench_cli}
+_PROGRAM = r"(kappaflow(?:-bench)?)"
+_SPAN = re.compile(rf"`{_PROGRAM} ([^`]+)`")
 _BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 # A command in a shell block: at the start of a line, or after a pipe or a prompt.
-_IN_BLOCK = re.compile(r"(?:^|\|\s|\$\s)kappaflow (.+)$", re.MULTILINE)
+_IN_BLOCK = re.compile(rf"(?:^|\|\s|\$\s|/){_PROGRAM} (.+)$", re.MULTILINE)
 # Words that end a shell command (outside the brackets and parentheses of a synopsis).
 _SHELL_ENDS = {"|", "||", "&&", ";", ">", ">>", "2>&1", "&"}
 
 
 @dataclass(frozen=True)
 class Documented:
-    """One documented invocation: where it is, and the words after ``kappaflow``."""
+    """One documented invocation: where it is, the program, and the words after it."""
 
     where: str
+    program: str
     text: str
 
     def __str__(self) -> str:
-        return f"{self.where}: kappaflow {self.text}"
+        return f"{self.where}: {self.program} {self.text}"
 
 
 def _invocations() -> list[Documented]:
-    found: dict[tuple[str, str], Documented] = {}
+    found: dict[tuple[str, str, str], Documented] = {}
     for path in DOCUMENTS:
         text = path.read_text()
         name = str(path.relative_to(ROOT))
-        texts = [m.group(1) for m in _SPAN.finditer(text)]
+        texts = [(m.group(1), m.group(2)) for m in _SPAN.finditer(text)]
         for block in _BLOCK.findall(text):
             joined = re.sub(r"\\\n\s*", " ", block)  # continuation lines
-            texts.extend(m.group(1) for m in _IN_BLOCK.finditer(joined))
-        for line in texts:
+            texts.extend((m.group(1), m.group(2)) for m in _IN_BLOCK.finditer(joined))
+        for program, line in texts:
             line = re.split(r"\s#", line, maxsplit=1)[0].strip()
-            found.setdefault((name, line), Documented(name, line))
+            found.setdefault((name, program, line), Documented(name, program, line))
     return list(found.values())
 
 
@@ -86,13 +92,14 @@ def _options(command: click.Command, ctx: click.Context) -> dict[str, click.Para
     return names
 
 
-def check(text: str) -> list[str]:
-    """What is wrong with ``kappaflow TEXT`` against the CLI: an empty list if nothing."""
+def check(text: str, program: str = "kappaflow") -> list[str]:
+    """What is wrong with ``PROGRAM TEXT`` against its CLI: an empty list if nothing."""
     problems: list[str] = []
-    ctx = click.Context(cli, info_name="kappaflow")
-    command: click.Command = cli
-    path = ["kappaflow"]
-    root_options = _options(cli, ctx)
+    root = PROGRAMS[program]
+    ctx = click.Context(root, info_name=program)
+    command: click.Command = root
+    path = [program]
+    root_options = _options(root, ctx)
     past_root = False
     words = _words(text)
     i = 0
@@ -107,7 +114,7 @@ def check(text: str) -> list[str]:
                 own = _options(command, ctx)
                 param = own.get(name) or (None if past_root else root_options.get(name))
                 if param is None:
-                    hint = " (a kappaflow option: it goes first)" if name in root_options else ""
+                    hint = f" (a {program} option: it goes first)" if name in root_options else ""
                     problems.append(f"{' '.join(path)} has no option {name}{hint}")
                     continue
                 takes_value = isinstance(param, click.Option) and not (param.is_flag or param.count)
@@ -129,7 +136,7 @@ def check(text: str) -> list[str]:
 
 @pytest.mark.parametrize("documented", _invocations(), ids=str)
 def test_documented_commands_exist(documented: Documented) -> None:
-    problems = check(documented.text)
+    problems = check(documented.text, documented.program)
     assert not problems, f"{documented}: " + "; ".join(problems)
 
 
@@ -140,6 +147,11 @@ def test_the_checker_catches_what_is_gone() -> None:
     assert check("jobs frobnicate") != []
     assert check("jobs list --no-such-flag") != []
     assert check("jobs list --state-dir /tmp") != []  # root options go first
+    assert check("ysb --engine spark --rate 50000", "kappaflow-bench") == []
+    assert check("ysb --no-such-flag", "kappaflow-bench") != []
+    assert check("bench ysb") != []  # the benchmarks are not kappaflow's commands
+    found = {d.program for d in _invocations()}
+    assert found == set(PROGRAMS), f"documented programs: {found}"
     assert len(_invocations()) > 20, "no kappaflow commands found in the documentation"
 
 

@@ -1,10 +1,11 @@
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from kappaflow.errors import ConfigError
-from kappaflow.settings import load_settings
+from kappaflow.settings import SettingsOverrides, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -121,3 +122,21 @@ def test_settings_are_immutable() -> None:
     settings = load_settings()
     with pytest.raises(ValidationError):
         settings.state_dir = Path("elsewhere")
+
+
+def test_overrides_survive_a_job_record_and_layer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAPPAFLOW_SPARK__MASTER", "local[3]")
+    cli = SettingsOverrides(state_dir=tmp_path / "s", bootstrap_servers="k:9092")
+    stored = json.loads(json.dumps(cli.to_json()))
+    assert SettingsOverrides.from_json(stored) == SettingsOverrides(
+        state_dir=(tmp_path / "s").resolve(), bootstrap_servers="k:9092"
+    )
+    part = SettingsOverrides(spark_master="local[4]", spark_conf={"spark.x": "1"}).over(cli)
+    settings = load_settings(overrides=part)
+    assert settings.state_dir == (tmp_path / "s").resolve()
+    assert settings.kafka.bootstrap_servers == "k:9092"
+    assert (settings.spark.master, settings.spark.conf) == ("local[4]", {"spark.x": "1"})
+    # Not overridden: the environment still decides.
+    assert load_settings(overrides=cli).spark.master == "local[3]"

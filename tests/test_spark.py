@@ -23,7 +23,7 @@ from kappaflow.install.localfs import local_fs_jar
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import ManagedProcess, wait_for
-from kappaflow.settings import Settings, load_settings
+from kappaflow.settings import Settings, SettingsOverrides, load_settings
 from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
 from kappaflow.spark.session import REAL_TIME_CONF, real_time_spark, session_conf
 
@@ -109,12 +109,13 @@ def test_a_users_class_path_keeps_the_local_file_system(kafka: Settings) -> None
 def test_a_real_time_driver_gets_its_slots_and_the_users_options_win() -> None:
     wait = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
     local = load_settings(spark={"master": "local[*]", "conf": {"spark.x": "1"}})
-    assert real_time_spark(local, 4) == {
-        "master": "local[4]",
-        "conf": {**REAL_TIME_CONF, "spark.x": "1"},
-    }
+    assert real_time_spark(local, 4) == SettingsOverrides(
+        spark_master="local[4]", spark_conf={**REAL_TIME_CONF, "spark.x": "1"}
+    )
     mine = load_settings(spark={"master": "spark://h:7077", "conf": {wait: "20"}})
-    assert real_time_spark(mine, 4) == {"master": "spark://h:7077", "conf": {wait: "20"}}
+    assert real_time_spark(mine, 4) == SettingsOverrides(
+        spark_master="spark://h:7077", spark_conf={wait: "20"}
+    )
 
 
 def test_streaming_round_trip(

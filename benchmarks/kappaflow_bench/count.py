@@ -36,7 +36,7 @@ from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow_bench.report import machine, percentile, write_json
 
 PAD = "x" * 200  # brings an event to ~250 bytes of JSON
@@ -132,7 +132,7 @@ def run_count_job(
     name: str,
     topic: str,
     available_now: bool,
-    overrides: dict[str, Any],
+    overrides: SettingsOverrides,
     realtime: bool = False,
 ) -> tuple[JobManager, float]:
     spec = CountSpec(
@@ -155,7 +155,7 @@ def processed(store: CountStore) -> int:
 
 
 def measure_throughput(
-    settings: Settings, topic: str, events: int, overrides: dict[str, Any]
+    settings: Settings, topic: str, events: int, overrides: SettingsOverrides
 ) -> tuple[float, float]:
     name = f"bench-count-{uuid.uuid4().hex[:6]}"
     store = CountStore(redis_client(settings), name)
@@ -174,7 +174,7 @@ def measure_throughput(
 
 
 def measure_sustained(
-    settings: Settings, events: int, keys: int, overrides: dict[str, Any]
+    settings: Settings, events: int, keys: int, overrides: SettingsOverrides
 ) -> tuple[float, float]:
     """A running, warmed-up job fed ``events`` as fast as the producer goes: events/s from
     the first send to the last event accounted for in Redis.
@@ -215,7 +215,7 @@ def measure_latency(
     rate: int,
     seconds: float,
     keys: int,
-    overrides: dict[str, Any],
+    overrides: SettingsOverrides,
     warm_seconds: float = WARM_SECONDS,
 ) -> list[float]:
     """Seconds from sending an event to its count in Redis, sampled every 100 ms at a
@@ -286,7 +286,7 @@ def send_steadily(
 
 
 def measure_realtime_latency(
-    settings: Settings, rate: int, seconds: float, keys: int, overrides: dict[str, Any]
+    settings: Settings, rate: int, seconds: float, keys: int, overrides: SettingsOverrides
 ) -> list[float]:
     """Event → changelog latency of the real-time path, in milliseconds.
 
@@ -352,7 +352,7 @@ def run(
     latency_rate: int,
     latency_seconds: float,
     out_dir: Path,
-    overrides: dict[str, Any],
+    overrides: SettingsOverrides,
     parts: tuple[str, ...] = PARTS,
 ) -> CountBenchResult:
     """The measurements named in ``parts`` (all by default); the others stay empty."""

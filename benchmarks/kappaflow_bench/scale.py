@@ -16,7 +16,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -28,7 +27,7 @@ from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import create_topic
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow_bench.count import PAD, clean_up
 from kappaflow_bench.report import write_json
 
@@ -76,7 +75,7 @@ def run_scale(
     speedup: int,
     driver_memory: str,
     out_dir: Path,
-    overrides: dict[str, Any],
+    overrides: SettingsOverrides,
 ) -> ScaleResult:
     topic = f"bench.scale.{uuid.uuid4().hex[:6]}"
     create_topic(settings.kafka, topic, partitions=2)
@@ -84,9 +83,9 @@ def run_scale(
     spec = CountSpec(
         source=topic, key_field="key", time_field="ts", window_ms=60_000, watermark_ms=10_000
     )
-    spark = {**overrides.get("spark", {}), "driver_memory": driver_memory}
+    job_overrides = SettingsOverrides(spark_driver_memory=driver_memory).over(overrides)
     jobs = JobManager(settings)
-    record = jobs.start(name, "count", spec.to_params(), overrides={**overrides, "spark": spark})
+    record = jobs.start(name, "count", spec.to_params(), overrides=job_overrides)
     store = CountStore(redis_client(settings), name)
     result = ScaleResult(keys, rate, seconds, speedup, driver_memory)
     offset = random.Random(5).randrange(keys)

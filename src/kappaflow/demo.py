@@ -17,7 +17,6 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -32,7 +31,7 @@ from kappaflow.kafka.clients import producer
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import ProcState
 from kappaflow.serving.client import redis_client
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.timeutil import from_epoch_ms
 
 SOURCE, JOB = "demo.pageviews", "demo-views"
@@ -88,7 +87,7 @@ def run_demo(
     rate: int,
     console: Console,
     speedup: float = 12.0,
-    overrides: dict[str, Any] | None = None,
+    overrides: SettingsOverrides | None = None,
     config_file: Path | None = None,
 ) -> None:
     """Run the demo for ``seconds``; ``overrides`` and ``config_file`` reach the job."""

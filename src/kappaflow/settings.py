@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -221,14 +223,81 @@ class Settings(BaseSettings):
         return self.state_dir / "jobs"
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+@dataclass(frozen=True)
+class SettingsOverrides:
+    """Settings given explicitly, over the environment, the file and the defaults: the
+    command line's global flags, and what a job part or a benchmark sets for a driver of
+    its own. A job's record keeps them, so that its driver resolves the settings the
+    starting command did; secrets are never among them (they stay in the environment or
+    the file). A field left ``None`` overrides nothing.
+    """
+
+    state_dir: Path | None = None
+    bootstrap_servers: str | None = None
+    redis_url: str | None = None
+    spark_master: str | None = None
+    spark_shuffle_partitions: int | None = None
+    spark_driver_memory: str | None = None
+    #: Replaces ``spark.conf`` as a whole.
+    spark_conf: Mapping[str, str] | None = None
+
+    def over(self, base: SettingsOverrides) -> SettingsOverrides:
+        """These overrides on top of ``base``: a field set here wins."""
+        mine = {k: v for k, v in self.to_json().items() if v is not None}
+        return SettingsOverrides.from_json({**base.to_json(), **mine})
+
+    def fields(self) -> dict[str, Any]:
+        """The overrides as ``Settings`` field values (nested sections as dicts)."""
+        sections: dict[str, dict[str, Any]] = {
+            "kafka": {"bootstrap_servers": self.bootstrap_servers},
+            "redis": {"url": self.redis_url},
+            "spark": {
+                "master": self.spark_master,
+                "shuffle_partitions": self.spark_shuffle_partitions,
+                "driver_memory": self.spark_driver_memory,
+                "conf": dict(self.spark_conf) if self.spark_conf is not None else None,
+            },
+        }
+        found: dict[str, Any] = {"state_dir": self.state_dir}
+        for name, values in sections.items():
+            found[name] = {k: v for k, v in values.items() if v is not None}
+        return {k: v for k, v in found.items() if v is not None and v != {}}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready, with ``state_dir`` made absolute (a driver may run elsewhere)."""
+        values = asdict(self)
+        if self.state_dir is not None:
+            values["state_dir"] = str(self.state_dir.resolve())
+        if self.spark_conf is not None:
+            values["spark_conf"] = dict(self.spark_conf)
+        return values
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> SettingsOverrides:
+        state_dir = values.get("state_dir")
+        return cls(**{**values, "state_dir": Path(state_dir) if state_dir else None})
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: SettingsOverrides | None = None,
+    **fields: Any,
+) -> Settings:
     """Resolve settings from overrides, environment, the TOML file and defaults.
 
-    ``overrides`` use the field names (``state_dir=...``, ``kafka={"port": 19092}``);
-    ``None`` values are ignored so CLI flags that were not given do not mask lower sources.
+    ``fields`` use the field names (``state_dir=...``, ``kafka={"port": 19092}``) and go
+    over ``overrides``; ``None`` values are ignored so CLI flags that were not given do
+    not mask lower sources.
     """
     path = _find_config_file(config_file)
-    given = {key: value for key, value in overrides.items() if value is not None}
+    given = (overrides or SettingsOverrides()).fields()
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, Mapping) and isinstance(given.get(key), dict):
+            given[key] = {**given[key], **value}
+        else:
+            given[key] = value
     token = _config_file.set(path)
     try:
         return Settings(**given)

@@ -22,7 +22,7 @@ from typing import Any
 from kappaflow.errors import ConfigError, TopicNotFoundError
 from kappaflow.kafka.topics import create_topic, delete_topic
 from kappaflow.procs import wait_for
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow_bench.report import machine
 from kappaflow_bench.ysb.check import compare, expected_counts
 from kappaflow_bench.ysb.engines import AppEngine, Engine, FlinkEngine, QuixEngine, SparkEngine
@@ -94,15 +94,15 @@ class RunSpec:
             raise ConfigError("--warmup must be between 0 and 60 seconds")
 
 
-def spark_overrides(settings: Settings, spec: RunSpec) -> dict[str, Any]:
+def spark_overrides(settings: Settings, spec: RunSpec) -> SettingsOverrides:
     """Spark settings for the job: few shuffle partitions (100 keys), and in real-time
     mode enough local task slots for every partition of both stages at once."""
     from kappaflow.spark.session import real_time_spark  # imports PySpark: only when used
 
-    spark: dict[str, Any] = {"shuffle_partitions": spec.partitions}
+    spark = SettingsOverrides(spark_shuffle_partitions=spec.partitions)
     if spec.engine == "spark-rt":
-        spark.update(real_time_spark(settings, 2 * spec.partitions))
-    return {"spark": spark}
+        spark = real_time_spark(settings, 2 * spec.partitions).over(spark)
+    return spark
 
 
 def run(
@@ -110,7 +110,7 @@ def run(
     spec: RunSpec,
     out_dir: Path,
     *,
-    overrides: dict[str, Any],
+    overrides: SettingsOverrides,
     say: Callable[[str], None],
 ) -> RunResult:
     spec.validate()
@@ -139,7 +139,7 @@ def run(
         topics.append(dest)
         params["dest"] = dest
     job = f"ysb-{spec.engine}-{run_id}"
-    job_overrides = _merge(overrides, spark_overrides(settings, spec))
+    job_overrides = spark_overrides(settings, spec).over(overrides)
     engine: Engine
     if spec.engine == "quix":
         engine = QuixEngine(settings, job, params)
@@ -159,7 +159,7 @@ def run(
             "generator_processes": spec.processes,
             "warmup_s": spec.warmup_s,
             "job_params": params,
-            **({} if spec.engine in PEERS else {"spark": job_overrides["spark"]}),
+            **({} if spec.engine in PEERS else {"spark": job_overrides.fields().get("spark")}),
         },
     )
     output: KafkaWindows | None = None
@@ -285,13 +285,3 @@ def versions(settings: Settings, store: Any) -> dict[str, str]:
     if jars:
         info["kafka_broker"] = jars[-1].stem.removeprefix("kafka_2.13-")
     return info
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
-        else:
-            out[key] = value
-    return out

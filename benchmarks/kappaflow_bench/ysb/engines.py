@@ -25,7 +25,7 @@ from kappaflow.install.artifacts import JarSet, resolve
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 
 #: The Quix Streams release the peer runs, in a virtual environment of its own.
 QUIX_VERSION = "3.28.1"
@@ -61,7 +61,7 @@ class SparkEngine:
     """The ``ysb`` pipeline as a kappaflow job (micro-batch or real-time mode)."""
 
     def __init__(
-        self, settings: Settings, name: str, params: dict[str, str], overrides: dict[str, Any]
+        self, settings: Settings, name: str, params: dict[str, str], overrides: SettingsOverrides
     ) -> None:
         self.settings = settings
         self.name = name

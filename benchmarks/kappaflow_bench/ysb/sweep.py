@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kappaflow.errors import ConfigError, KappaflowError
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow_bench.report import machine, write_json
 from kappaflow_bench.ysb.bench import ENGINES, RunSpec, run
 from kappaflow_bench.ysb.results import RunResult
@@ -157,7 +157,7 @@ def sweep(
     *,
     base: RunSpec,
     max_p99_ms: int = MAX_P99_MS,
-    overrides: dict[str, Any],
+    overrides: SettingsOverrides,
     say: Callable[[str], None],
 ) -> SweepResult:
     """Sweep every engine over ``rates``; ``base`` gives everything of a run but its

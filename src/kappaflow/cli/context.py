@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kappaflow.settings import Settings, load_settings
+from kappaflow.settings import Settings, SettingsOverrides, load_settings
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Context:
     """What every subcommand gets: the settings, loaded on first use."""
 
     config_file: Path | None
-    overrides: dict[str, Any]
+    overrides: SettingsOverrides
     _settings: Settings | None = field(default=None, repr=False)
 
     @classmethod
@@ -30,21 +30,18 @@ class Context:
         redis_url: str | None,
     ) -> Context:
         """The context the global options (:func:`settings_options`) describe."""
-        overrides: dict[str, Any] = {}
-        if state_dir is not None:
-            overrides["state_dir"] = state_dir
-        if bootstrap_servers is not None:
-            overrides["kafka"] = {"bootstrap_servers": bootstrap_servers}
-        if spark_master is not None:
-            overrides["spark"] = {"master": spark_master}
-        if redis_url is not None:
-            overrides["redis"] = {"url": redis_url}
+        overrides = SettingsOverrides(
+            state_dir=state_dir,
+            bootstrap_servers=bootstrap_servers,
+            spark_master=spark_master,
+            redis_url=redis_url,
+        )
         return cls(config_file, overrides)
 
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = load_settings(self.config_file, **self.overrides)
+            self._settings = load_settings(self.config_file, self.overrides)
         return self._settings
 
 

@@ -15,15 +15,13 @@ whole batch: the source's partitions plus as many shuffle partitions.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.counting.events import assign_windows, parse_events
 from kappaflow.counting.spec import CountSpec
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import real_time_spark
 
@@ -38,7 +36,7 @@ def slots_needed(partitions: int) -> int:
     return 2 * partitions
 
 
-def spark_settings(settings: Settings, partitions: int) -> dict[str, Any]:
+def spark_settings(settings: Settings, partitions: int) -> SettingsOverrides:
     """The ``spark`` settings of the real-time query's own driver (pipeline.parts)."""
     return real_time_spark(settings, slots_needed(partitions))
 

@@ -33,7 +33,7 @@ from kappaflow.errors import (
 )
 from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.timeutil import iso
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
@@ -67,7 +67,7 @@ class JobRecord:
     name: str
     pipeline: str
     params: dict[str, str]
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: SettingsOverrides = field(default_factory=SettingsOverrides)
     config_file: str | None = None
     state: JobState = JobState.STARTING
     pid: int | None = None
@@ -78,10 +78,17 @@ class JobRecord:
     @classmethod
     def load(cls, path: Path) -> JobRecord:
         fields = json.loads(path.read_text())
-        return cls(**{**fields, "state": JobState(fields["state"])})
+        return cls(
+            **{
+                **fields,
+                "state": JobState(fields["state"]),
+                "overrides": SettingsOverrides.from_json(fields.get("overrides") or {}),
+            }
+        )
 
     def save(self, path: Path) -> None:
-        write_atomically(path, json.dumps(asdict(self), indent=2) + "\n")
+        fields = {**asdict(self), "overrides": self.overrides.to_json()}
+        write_atomically(path, json.dumps(fields, indent=2) + "\n")
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -118,7 +125,7 @@ class JobManager:
         pipeline: str,
         params: dict[str, str],
         *,
-        overrides: dict[str, Any] | None = None,
+        overrides: SettingsOverrides | None = None,
         config_file: Path | None = None,
         wait: bool = True,
         timeout: float = START_TIMEOUT_S,
@@ -138,7 +145,7 @@ class JobManager:
             name=name,
             pipeline=pipeline,
             params=dict(params),
-            overrides=_jsonable(overrides or {}),
+            overrides=overrides or SettingsOverrides(),
             config_file=str(config_file.resolve()) if config_file else None,
             started_at=iso(datetime.now(UTC)),
         )
@@ -251,15 +258,3 @@ class JobManager:
     def log_lines(self, name: str, lines: int = 50) -> list[str]:
         self.get(name)
         return tail(self.job_dir(name) / "driver.log", lines)
-
-
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out[key] = _jsonable(value)
-        elif isinstance(value, Path):
-            out[key] = str(value.resolve())
-        else:
-            out[key] = value
-    return out

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import InvalidPipelineError, MissingParameterError, PipelineNotFoundError
+from kappaflow.settings import SettingsOverrides
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,12 +64,12 @@ class Part:
     The part's driver has its own JVM: its tasks share no scheduler, heap or garbage
     collector with the main queries, so a busy main query cannot stall them. The job's
     main driver starts and stops it; the pipeline starts the part's queries when called
-    with ``ctx.part`` set to its name. ``spark`` settings apply to the part's driver over
-    the job's own (such as its own master and cores).
+    with ``ctx.part`` set to its name. ``settings`` apply to the part's driver over the
+    job's own (such as its own master and cores).
     """
 
     name: str
-    spark: Mapping[str, Any] = field(default_factory=dict)
+    settings: SettingsOverrides = field(default_factory=SettingsOverrides)
 
 
 def _no_parts(params: Mapping[str, str], settings: Settings) -> list[Part]:

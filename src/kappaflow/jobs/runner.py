@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -32,7 +32,7 @@ from kappaflow.jobs.pipeline import JobContext, load_pipeline
 from kappaflow.timeutil import iso
 
 if TYPE_CHECKING:
-    from kappaflow.settings import Settings
+    from kappaflow.settings import Settings, SettingsOverrides
 
 POLL_S = 0.5
 #: How long a part's queries may take to start (a new JVM, Python workers, the source).
@@ -77,15 +77,13 @@ def main(argv: list[str]) -> int:
         return 1
 
 
-def _settings(record: JobRecord, spark: Mapping[str, Any] | None = None) -> Settings:
-    """The job's settings; ``spark`` settings (a part's) go over the job's own."""
+def _settings(record: JobRecord, part: SettingsOverrides | None = None) -> Settings:
+    """The job's settings; a part's overrides go over the job's own."""
     from kappaflow.settings import load_settings
 
-    overrides = dict(record.overrides)
-    if spark:
-        overrides["spark"] = {**overrides.get("spark", {}), **spark}
+    overrides = part.over(record.overrides) if part is not None else record.overrides
     config_file = Path(record.config_file) if record.config_file else None
-    return load_settings(config_file, **overrides)
+    return load_settings(config_file, overrides)
 
 
 def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event) -> int:
@@ -136,7 +134,7 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
             raise UnknownPartError(
                 f"pipeline {record.pipeline!r} has no part {part!r} for these params"
             )
-        settings = _settings(record, spec.spark)
+        settings = _settings(record, spec.settings)
         spark = build_session(settings, app_name=f"kappaflow:{record.name}:{part}")
         ctx = JobContext(record.name, record.params, spark, settings, part=part)
         queries = pipeline.start(ctx)

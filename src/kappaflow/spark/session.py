@@ -12,14 +12,13 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
 
 from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 
 LOOPBACK = "127.0.0.1"
 
@@ -48,7 +47,7 @@ logger.tws.level = error
 REAL_TIME_CONF = {"spark.shuffle.streaming.networkBufferMaxWaitTimeMs": "5"}
 
 
-def real_time_spark(settings: Settings, slots: int) -> dict[str, Any]:
+def real_time_spark(settings: Settings, slots: int) -> SettingsOverrides:
     """The ``spark`` settings of a driver whose real-time query holds ``slots`` tasks.
 
     Real-time mode holds a slot per task for as long as it runs, and fails when they
@@ -58,7 +57,9 @@ def real_time_spark(settings: Settings, slots: int) -> dict[str, Any]:
     master = settings.spark.master
     if re.fullmatch(r"local\[(\*|\d+)\]", master) is not None:
         master = f"local[{slots}]"
-    return {"master": master, "conf": {**REAL_TIME_CONF, **settings.spark.conf}}
+    return SettingsOverrides(
+        spark_master=master, spark_conf={**REAL_TIME_CONF, **settings.spark.conf}
+    )
 
 
 def session_conf(settings: Settings, app_name: str) -> dict[str, str]:

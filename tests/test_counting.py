@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from kappaflow.spark.checkpoint import committed, offsets_consumed
 from kappaflow.timeutil import from_epoch_ms, iso
 
 SUPPORT = Path(__file__).resolve().parent / "support"
+TIME_REFUSED = "time field 'ts' is not epoch milliseconds or ISO-8601 with a zone"
 WINDOW_MS = 10_000
 # A minute boundary, so windows line up with the events below.
 BASE = 1_795_300_000_000 - 1_795_300_000_000 % 60_000
@@ -234,6 +237,52 @@ def test_event_time_corrections_late_events_and_dead_letters(
     assert {r["window_start"]: r["count"] for r in rows}["2026-11-21T22:26:40.000Z"] == 3
     final_only = cli("counts", job_name, "--final-only").lines()
     assert len(final_only) == 15
+
+
+def test_event_times_keys_and_every_dead_letter_reason(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    source = new_topic()
+    iso_z = iso(from_epoch_ms(BASE + 3_000))  # 2026-…T…Z
+    offset = datetime.fromtimestamp((BASE + 4_000) / 1000, tz=timezone(timedelta(hours=2)))
+    good = [
+        {"page": "/a", "ts": BASE + 1_000},  # epoch ms
+        {"page": "/a", "ts": str(BASE + 2_000)},  # epoch ms as a numeric string
+        {"page": "/a", "ts": iso_z},  # ISO-8601 in UTC
+        {"page": "/a", "ts": offset.isoformat()},  # ISO-8601 with an offset
+        {"page": 7, "ts": BASE + 5_000},  # a numeric key
+    ]
+    bad: list[tuple[bytes | None, str]] = [
+        (None, "empty record"),
+        (b"nope", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"ts": 1}', "missing key field 'page'"),
+        (b'{"page": ["x"], "ts": 1}', "key field 'page' is not a string or a number"),
+        (b'{"page": "/a"}', "missing time field 'ts'"),
+        (b'{"page": "/a", "ts": "yesterday"}', TIME_REFUSED),
+        (b'{"page": "/a", "ts": "2026-11-21T22:26:40"}', TIME_REFUSED),  # no zone
+    ]
+    producer = Producer(serving.kafka.client_config())
+    for value in good:
+        producer.produce(source, value=json.dumps(value).encode())
+    for raw, _ in bad:
+        producer.produce(source, value=raw)
+    assert producer.flush(30) == 0
+    result = cli("count", "start", job_name, "--source", source, "--key", "page", "--time", "ts",
+                 "--window", "10s")  # fmt: skip
+    assert result.code == 0, result.err
+    wait_stats(serving, job_name, counted=len(good), dead_letters=len(bad))
+
+    assert store_counts(serving, job_name) == {("/a", BASE): 4, ("7", BASE): 1}
+    dead = topic_values(serving, f"{job_name}.dlq")
+    assert sorted(d["error"] for d in dead) == sorted(reason for _, reason in bad)
+    by_offset = {d["source_offset"]: d for d in dead}
+    for offset_, (raw, reason) in enumerate(bad, start=len(good)):
+        letter = by_offset[offset_]
+        assert letter["error"] == reason
+        original = base64.b64decode(letter["value_base64"]) if letter["value_base64"] else None
+        assert original == raw  # the original bytes, and where they came from
+        assert (letter["source_topic"], letter["source_partition"]) == (source, 0)
 
 
 def start_with_crash(

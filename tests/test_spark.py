@@ -154,6 +154,13 @@ def test_streaming_round_trip(
     assert read_batch(spark, kafka, dest).count() == len(sent)
 
 
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback  # a Java socket on ::ffff:127.0.0.1
+    return address.is_loopback
+
+
 def test_clean_job_runs_as_its_own_process(
     cli: RunCli, kafka: Settings, new_topic: Callable[..., str], topic_name: str
 ) -> None:
@@ -185,7 +192,7 @@ def test_clean_job_runs_as_its_own_process(
         if c.status == psutil.CONN_LISTEN
     ]
     assert listening, "the driver listens on no port at all"
-    assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
+    assert all(_is_loopback(a.ip) for a in listening), listening
 
     def arrived(topic: str, count: int) -> list[dict[str, object]] | None:
         values = _values(kafka, topic) if topic_exists(kafka, topic) else []
@@ -193,6 +200,26 @@ def test_clean_job_runs_as_its_own_process(
 
     out = wait_for(lambda: arrived(dest, len(good)), timeout=120, what="cleaned events")
     assert sorted(int(str(v["id"])) for v in out) == list(range(20))
+    # Each record keeps its key and says where it came from.
+    for message in read_records(kafka.kafka, dest, start=StartAt(beginning=True)):
+        value = json.loads(message.value() or b"null")
+        headers = {
+            k: v.decode() if isinstance(v, bytes) else str(v)
+            for k, v in list(message.headers() or [])
+        }
+        assert message.key() == str(value["id"]).encode()
+        assert headers["kf.topic"] == source
+        origin = next(
+            m
+            for m in read_records(
+                kafka.kafka,
+                source,
+                start=StartAt(offset=int(headers["kf.offset"])),
+                partition=int(headers["kf.partition"]),
+                max_records=1,
+            )
+        )
+        assert json.loads(origin.value() or b"null") == value
     dead = wait_for(lambda: arrived(f"{job}.dlq", len(bad)), timeout=60, what="dead letters")
     assert sorted(base64.b64decode(str(d["value_base64"])) for d in dead) == sorted(bad)
     assert {d["error"] for d in dead} == {"not valid JSON", "not a JSON object"}

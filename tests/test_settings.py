@@ -85,6 +85,11 @@ def test_spark_masters(master: str) -> None:
     assert load_settings(spark={"master": master}).spark.master == master
 
 
+def test_a_master_spark_no_longer_has_is_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown Spark master"):
+        load_settings(spark={"master": "mesos://h:5050"})  # removed in Spark 4
+
+
 def test_external_cluster_and_security_options() -> None:
     settings = load_settings(
         kafka={

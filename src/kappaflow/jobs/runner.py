@@ -71,9 +71,7 @@ def main(argv: list[str]) -> int:
         return 1
     except Exception as exc:
         traceback.print_exc()
-        _finish(
-            record, record_path, JobState.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
-        )
+        _finish(record, record_path, JobState.FAILED, _first_line(exc))
         return 1
 
 
@@ -140,9 +138,7 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
         queries = pipeline.start(ctx)
     except Exception as exc:
         traceback.print_exc()
-        write_part_state(
-            home, part, JobState.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
-        )
+        write_part_state(home, part, JobState.FAILED, _first_line(exc))
         return 1
     write_part_state(home, part, JobState.RUNNING)
     print(f"job {record.name} part {part} running: {len(queries)} queries", flush=True)

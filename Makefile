@@ -55,7 +55,7 @@ check: $(VENV_STAMP)
 bench: setup
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) count --events 1000000 --out bench-results/count
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) ysb-sweep --rates 20000,50000,100000 \
-		--duration 30 --warmup 60 --partitions 2 --out bench-results/ysb-sweep
+		--duration 30 --warmup 60 --out bench-results/ysb-sweep
 
 # A million distinct keys in 1-minute windows, a 4 GiB driver: about five minutes.
 bench-scale: setup

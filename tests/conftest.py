@@ -10,6 +10,7 @@ other test is ``unit``, the tier ``make check`` runs while editing.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -50,6 +51,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if not any(item.get_closest_marker(m) for m in ("integration", "peers")):
             item.add_marker(pytest.mark.unit)
+
+
+def is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback  # a Java socket on ::ffff:127.0.0.1
+    return address.is_loopback
 
 
 def free_port() -> int:

@@ -137,6 +137,33 @@ def test_subsystem_codes(
     assert status == (2 if cls is errors.ConfigError else 1)
 
 
+@pytest.mark.parametrize(
+    ("raised", "code", "message"),
+    [
+        (PermissionError(13, "Permission denied", "/srv/x"), "KF003", "Permission denied: /srv/x"),
+        (
+            click.FileError("in.json", "no such file"),
+            "KF001",
+            "Could not open file 'in.json': no such file",
+        ),
+    ],
+)
+def test_what_the_cli_did_not_expect_still_has_a_code(
+    raised: Exception,
+    code: str,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    @click.command()
+    def fails() -> None:
+        raise raised
+
+    monkeypatch.setattr(kappaflow.cli, "cli", fails)
+    assert kappaflow.cli.main([]) == 1
+    assert capsys.readouterr().err == f"kappaflow: error[{code}]: {message}\n"
+
+
 def test_a_timeout_has_a_code_and_is_still_a_timeout_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

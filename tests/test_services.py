@@ -6,10 +6,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
-from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
+from conftest import EXTERNAL_KAFKA, is_loopback, make_settings, run_kappaflow
 from kappaflow import services
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
@@ -52,18 +53,35 @@ def test_up_status_down(own: Settings) -> None:
     assert rows["kafka"]["address"] == own.kafka.bootstrap
     again = run_kappaflow(own, "up")
     assert again.err.count("already running") == 2
-    # What the demo does with the services it started itself: the others keep running.
-    assert services.down(own, only=["redis"]) == ["redis stopped"]
-    assert {r.service: r.state for r in services.status(own)} == {
-        "kafka": "running",
-        "redis": "stopped",
-    }
+    # By default nothing embedded listens beyond loopback.
+    for row in rows.values():
+        listening = [
+            c.laddr
+            for c in psutil.Process(row["pid"]).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        assert listening and all(is_loopback(a.ip) for a in listening), (row, listening)
     down = run_kappaflow(own, "down")
     assert down.code == 0
     rows = {
         r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
     }
     assert {r["state"] for r in rows.values()} == {"stopped"}
+
+
+@pytest.mark.skipif(bool(EXTERNAL_KAFKA), reason="starts an embedded broker")
+def test_a_command_stops_only_the_services_it_started(own: Settings) -> None:
+    """What the demo and the benchmarks do: Redis ran before, so it keeps running."""
+    assert EmbeddedRedis(own).start() is True
+    said: list[str] = []
+    with services.embedded_services(own, said.append):
+        states = {r.service: r.state for r in services.status(own)}
+        assert states == {"kafka": "running", "redis": "running"}
+    assert said == [f"kafka started on {own.kafka.bootstrap}", "kafka stopped"]
+    assert {r.service: r.state for r in services.status(own)} == {
+        "kafka": "stopped",
+        "redis": "running",
+    }
 
 
 def test_external_services_are_not_managed(own: Settings) -> None:

@@ -145,3 +145,14 @@ def test_overrides_survive_a_job_record_and_layer(
     assert (settings.spark.master, settings.spark.conf) == ("local[4]", {"spark.x": "1"})
     # Not overridden: the environment still decides.
     assert load_settings(overrides=cli).spark.master == "local[3]"
+
+
+def test_a_job_record_of_0_1_0_still_reads(tmp_path: Path) -> None:
+    old = {
+        "state_dir": str(tmp_path),
+        "kafka": {"bootstrap_servers": "k:9092"},
+        "spark": {"master": "local[2]"},
+    }
+    assert SettingsOverrides.from_json(old) == SettingsOverrides(
+        state_dir=tmp_path, bootstrap_servers="k:9092", spark_master="local[2]"
+    )

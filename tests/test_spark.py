@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import signal
 import stat
@@ -17,7 +16,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from conftest import RunCli, start_clean_job
+from conftest import RunCli, is_loopback, start_clean_job
 from kappaflow.errors import JobError
 from kappaflow.install.localfs import local_fs_jar
 from kappaflow.jobs.manager import JobManager
@@ -154,13 +153,6 @@ def test_streaming_round_trip(
     assert read_batch(spark, kafka, dest).count() == len(sent)
 
 
-def _is_loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback  # a Java socket on ::ffff:127.0.0.1
-    return address.is_loopback
-
-
 def test_clean_job_runs_as_its_own_process(
     cli: RunCli, kafka: Settings, new_topic: Callable[..., str], topic_name: str
 ) -> None:
@@ -192,7 +184,7 @@ def test_clean_job_runs_as_its_own_process(
         if c.status == psutil.CONN_LISTEN
     ]
     assert listening, "the driver listens on no port at all"
-    assert all(_is_loopback(a.ip) for a in listening), listening
+    assert all(is_loopback(a.ip) for a in listening), listening
 
     def arrived(topic: str, count: int) -> list[dict[str, object]] | None:
         values = _values(kafka, topic) if topic_exists(kafka, topic) else []

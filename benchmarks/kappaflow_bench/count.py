@@ -33,7 +33,7 @@ from kappaflow.errors import ConfigError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
-from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
+from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic, list_topics
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
@@ -182,7 +182,7 @@ def measure_sustained(
     The warm-up (a fifth as many events, earlier in event time) pays for what a new job
     pays once: the JIT, the Python workers, opening the state store."""
     topic = f"bench.sustained.{uuid.uuid4().hex[:6]}"
-    create_topic(settings.kafka, topic, partitions=2)
+    create_topic(settings.kafka, topic, partitions=DEFAULT_PARTITIONS)
     name = f"bench-sustained-{uuid.uuid4().hex[:6]}"
     store = CountStore(redis_client(settings), name)
     jobs, _ = run_count_job(settings, name, topic, False, overrides)
@@ -224,7 +224,7 @@ def measure_latency(
     The warm-up is what any running job is past: the JVM compiling Spark's code (on two
     cores its JIT is busy for a minute or more), the Python workers, the state store."""
     topic = f"bench.latency.{uuid.uuid4().hex[:6]}"
-    create_topic(settings.kafka, topic, partitions=2)
+    create_topic(settings.kafka, topic, partitions=DEFAULT_PARTITIONS)
     name = f"bench-latency-{uuid.uuid4().hex[:6]}"
     store = CountStore(redis_client(settings), name)
     jobs, _ = run_count_job(settings, name, topic, False, overrides)
@@ -294,7 +294,7 @@ def measure_realtime_latency(
     minus the newest event time it includes (the event that changed the count, whose
     event time is its send time)."""
     topic = f"bench.realtime.{uuid.uuid4().hex[:6]}"
-    create_topic(settings.kafka, topic, partitions=2)
+    create_topic(settings.kafka, topic, partitions=DEFAULT_PARTITIONS)
     name = f"bench-realtime-{uuid.uuid4().hex[:6]}"
     jobs, _ = run_count_job(settings, name, topic, False, overrides, realtime=True)
     try:
@@ -365,7 +365,7 @@ def run(
     result.machine = {**machine(), "parts": list(parts)}
     if "ceiling" in parts or "throughput" in parts:
         topic = f"bench.count.{uuid.uuid4().hex[:6]}"
-        create_topic(settings.kafka, topic, partitions=2)
+        create_topic(settings.kafka, topic, partitions=DEFAULT_PARTITIONS)
         result.produce_rate = produce_backlog(settings, topic, events, keys)
         if "ceiling" in parts:
             result.ceiling_consumer_rate = ceiling_consumer(settings, topic, events)

@@ -24,7 +24,7 @@ from kappaflow.counting.store import CountStore
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.records import produce_with_retry
-from kappaflow.kafka.topics import create_topic
+from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
 from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
@@ -78,7 +78,7 @@ def run_scale(
     overrides: SettingsOverrides,
 ) -> ScaleResult:
     topic = f"bench.scale.{uuid.uuid4().hex[:6]}"
-    create_topic(settings.kafka, topic, partitions=2)
+    create_topic(settings.kafka, topic, partitions=DEFAULT_PARTITIONS)
     name = f"bench-scale-{uuid.uuid4().hex[:6]}"
     spec = CountSpec(
         source=topic, key_field="key", time_field="ts", window_ms=60_000, watermark_ms=10_000

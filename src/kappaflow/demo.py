@@ -26,10 +26,9 @@ from kappaflow import services
 from kappaflow.counting import outputs
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
-from kappaflow.jobs.manager import JobManager, JobState
+from kappaflow.jobs.manager import ACTIVE_STATES, JobManager
 from kappaflow.kafka.clients import producer
-from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
-from kappaflow.procs import ProcState
+from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic, list_topics
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.timeutil import from_epoch_ms
@@ -91,32 +90,27 @@ def run_demo(
     config_file: Path | None = None,
 ) -> None:
     """Run the demo for ``seconds``; ``overrides`` and ``config_file`` reach the job."""
-    before = {row.service: row.state for row in services.status(settings)}
-    for line in services.up(settings):
-        console.print(line)
-    jobs = JobManager(settings)
-    try:
-        _reset(settings, jobs)
-        create_topic(settings.kafka, SOURCE, partitions=2, exist_ok=True)
-        console.print(f"starting counting job {JOB}: views per page per minute of {SOURCE} …")
-        jobs.start(JOB, "count", SPEC.to_params(), overrides=overrides, config_file=config_file)
-        _stream(settings, jobs, seconds=seconds, rate=rate, speedup=speedup, console=console)
-    except KeyboardInterrupt:
-        console.print("interrupted")
-    finally:
-        if jobs.get_state(JOB) is JobState.RUNNING:
-            jobs.stop(JOB)
-            console.print(f"job {JOB} stopped")
-        # Only what the demo started: a service that ran before it keeps running.
-        started = [name for name, state in before.items() if state == ProcState.STOPPED.value]
-        if started:
-            for line in services.down(settings, only=started):
-                console.print(line)
+    # Only the services the demo starts are stopped at its end.
+    with services.embedded_services(settings, console.print):
+        jobs = JobManager(settings)
+        try:
+            _reset(settings, jobs)
+            create_topic(settings.kafka, SOURCE, partitions=DEFAULT_PARTITIONS, exist_ok=True)
+            console.print(f"starting counting job {JOB}: views per page per minute of {SOURCE} …")
+            jobs.start(JOB, "count", SPEC.to_params(), overrides=overrides, config_file=config_file)
+            _stream(settings, jobs, seconds=seconds, rate=rate, speedup=speedup, console=console)
+        except KeyboardInterrupt:
+            console.print("interrupted")
+        finally:
+            # Also a job interrupted while it started: its driver must not outlive the demo.
+            if jobs.get_state(JOB) in ACTIVE_STATES:
+                jobs.stop(JOB)
+                console.print(f"job {JOB} stopped")
 
 
 def _reset(settings: Settings, jobs: JobManager) -> None:
     """Start from nothing: the time-lapse clock must not run into an old watermark."""
-    if jobs.get_state(JOB) is JobState.RUNNING:
+    if jobs.get_state(JOB) in ACTIVE_STATES:
         jobs.stop(JOB)
     outputs.remove(settings, JOB, missing_ok=True)
     if SOURCE in {row["name"] for row in list_topics(settings.kafka)}:

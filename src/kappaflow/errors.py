@@ -42,6 +42,13 @@ class WaitTimeoutError(KappaflowError, TimeoutError):
     code = "KF002"
 
 
+class OperatingSystemError(KappaflowError, OSError):
+    """The operating system refused an operation: a permission, a path that is a file, a
+    full disk. The CLI shows any ``OSError`` it did not expect under this code."""
+
+    code = "KF003"
+
+
 # KF1xx: configuration.
 
 

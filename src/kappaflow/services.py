@@ -6,7 +6,8 @@ external Redis configured, that service is reported as external and never starte
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kappaflow.kafka.broker import EmbeddedBroker
@@ -44,17 +45,39 @@ def up(settings: Settings) -> list[str]:
     return done
 
 
-def down(settings: Settings, only: Collection[str] | None = None) -> list[str]:
-    """Stop every embedded service (or those named in ``only``), Redis first (jobs write
-    to it), then the broker."""
+def down(settings: Settings) -> list[str]:
+    """Stop every embedded service, Redis first (jobs write to it), then the broker."""
     done: list[str] = []
-    if settings.redis.embedded and (only is None or "redis" in only):
+    if settings.redis.embedded:
         stopped = EmbeddedRedis(settings).stop()
         done.append(f"redis {'stopped' if stopped else 'was not running'}")
-    if settings.kafka.embedded and (only is None or "kafka" in only):
+    if settings.kafka.embedded:
         stopped = EmbeddedBroker(settings).stop()
         done.append(f"kafka {'stopped' if stopped else 'was not running'}")
     return done
+
+
+@contextmanager
+def embedded_services(settings: Settings, say: Callable[[str], None]) -> Iterator[None]:
+    """Start the embedded broker and Redis where they do not run, for the ``with`` block;
+    then stop only those it started. A service that ran before keeps running."""
+    started: list[EmbeddedBroker | EmbeddedRedis] = []
+    try:
+        if settings.kafka.embedded:
+            broker = EmbeddedBroker(settings)
+            if broker.start():
+                started.append(broker)
+                say(f"kafka started on {broker.bootstrap}")
+        if settings.redis.embedded:
+            store = EmbeddedRedis(settings)
+            if store.start():
+                started.append(store)
+                say(f"redis started on {store.url}")
+        yield
+    finally:
+        for service in reversed(started):
+            service.stop()
+            say(f"{'redis' if isinstance(service, EmbeddedRedis) else 'kafka'} stopped")
 
 
 def status(settings: Settings) -> list[ServiceRow]:

@@ -238,7 +238,7 @@ class SettingsOverrides:
     spark_master: str | None = None
     spark_shuffle_partitions: int | None = None
     spark_driver_memory: str | None = None
-    #: Replaces ``spark.conf`` as a whole.
+    #: Merged over ``spark.conf`` from the environment and the file (a key set here wins).
     spark_conf: Mapping[str, str] | None = None
 
     def over(self, base: SettingsOverrides) -> SettingsOverrides:
@@ -274,6 +274,19 @@ class SettingsOverrides:
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> SettingsOverrides:
+        """Read :meth:`to_json`'s form, or the nested ``{"kafka": {...}, ...}`` form job
+        records of kappaflow 0.1.0 hold."""
+        if {"kafka", "spark", "redis"} & set(values):
+            kafka, spark, redis = (values.get(k) or {} for k in ("kafka", "spark", "redis"))
+            values = {
+                "state_dir": values.get("state_dir"),
+                "bootstrap_servers": kafka.get("bootstrap_servers"),
+                "redis_url": redis.get("url"),
+                "spark_master": spark.get("master"),
+                "spark_shuffle_partitions": spark.get("shuffle_partitions"),
+                "spark_driver_memory": spark.get("driver_memory"),
+                "spark_conf": spark.get("conf"),
+            }
         state_dir = values.get("state_dir")
         return cls(**{**values, "state_dir": Path(state_dir) if state_dir else None})
 

@@ -48,17 +48,17 @@ def count(
         raise click.BadParameter(
             f"{', '.join(unknown) or 'nothing'}: pick from {', '.join(PARTS)}", param_hint="--parts"
         )
-    svc.up(ctx.settings)
-    result = run(
-        ctx.settings,
-        events=events,
-        keys=keys,
-        latency_rate=latency_rate,
-        latency_seconds=latency_seconds,
-        out_dir=out_dir,
-        overrides=ctx.overrides,
-        parts=chosen,
-    )
+    with svc.embedded_services(ctx.settings, say):
+        result = run(
+            ctx.settings,
+            events=events,
+            keys=keys,
+            latency_rate=latency_rate,
+            latency_seconds=latency_seconds,
+            out_dir=out_dir,
+            overrides=ctx.overrides,
+            parts=chosen,
+        )
     table(
         "counting benchmark",
         ["measure", "value"],
@@ -121,17 +121,17 @@ def count_scale(
     """Many distinct keys in 1-minute windows: state held, memory, over time."""
     from kappaflow_bench.scale import run_scale
 
-    svc.up(ctx.settings)
-    result = run_scale(
-        ctx.settings,
-        keys=keys,
-        rate=rate,
-        seconds=seconds,
-        speedup=speedup,
-        driver_memory=driver_memory,
-        out_dir=out_dir,
-        overrides=ctx.overrides,
-    )
+    with svc.embedded_services(ctx.settings, say):
+        result = run_scale(
+            ctx.settings,
+            keys=keys,
+            rate=rate,
+            seconds=seconds,
+            speedup=speedup,
+            driver_memory=driver_memory,
+            out_dir=out_dir,
+            overrides=ctx.overrides,
+        )
     table(
         "counting at scale",
         ["seconds", "sent", "distinct keys sent", "processed", "keys held", "windows", "RSS"],

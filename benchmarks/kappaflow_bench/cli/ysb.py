@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import random
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -14,33 +11,8 @@ import click
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import say, table
 from kappaflow.errors import ConfigError
-from kappaflow.settings import Settings
-
-
-@contextmanager
-def embedded_services(settings: Settings) -> Iterator[None]:
-    """Start the embedded broker and Redis if they are not running; stop only those."""
-    from kappaflow.kafka.broker import EmbeddedBroker
-    from kappaflow.serving.redis_server import EmbeddedRedis
-
-    started: list[EmbeddedBroker | EmbeddedRedis] = []
-    try:
-        if settings.kafka.embedded:
-            broker = EmbeddedBroker(settings)
-            if broker.start():
-                started.append(broker)
-                say(f"started kafka on {broker.bootstrap}")
-        if settings.redis.embedded:
-            store = EmbeddedRedis(settings)
-            if store.start():
-                started.append(store)
-                say(f"started redis on {store.url}")
-        yield
-    finally:
-        for service in reversed(started):
-            service.stop()
-            say(f"stopped {'redis' if isinstance(service, EmbeddedRedis) else 'kafka'}")
-
+from kappaflow.kafka.topics import DEFAULT_PARTITIONS
+from kappaflow.services import embedded_services
 
 # Options `ysb` and `ysb-sweep` share.
 sink_option = click.option(
@@ -57,11 +29,6 @@ warmup_option = click.option(
 processes_option = click.option(
     "--processes", type=click.IntRange(min=1), default=1, show_default=True
 )
-#: One partition per core: each engine then runs a task per core, and kappaflow's own
-#: Spark shuffle partitions default to the cores too. One partition (the original
-#: benchmark's) leaves all but one core idle and falls behind at rates a second core holds.
-DEFAULT_PARTITIONS = os.cpu_count() or 1
-
 partitions_option = click.option(
     "--partitions",
     type=click.IntRange(min=1),
@@ -120,7 +87,7 @@ def ysb(
 
     spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch)
     spec.validate()
-    with embedded_services(ctx.settings):
+    with embedded_services(ctx.settings, say):
         result = run(ctx.settings, spec, out_dir, overrides=ctx.overrides, say=say)
     table(f"YSB {engine} / {sink}", ["measure", "value"], result.summary_rows())
     say(f"wrote {out_dir}/result.json, seen.txt, updated.txt, latency.png")
@@ -192,7 +159,7 @@ def ysb_sweep(
     steps = _ints("--rates", rates)
     base = RunSpec("-", sink, 1, duration, processes, partitions, warmup)
     validate(names, steps, base)
-    with embedded_services(ctx.settings):
+    with embedded_services(ctx.settings, say):
         result = sweep(
             ctx.settings,
             names,
@@ -227,7 +194,7 @@ def ysb_generator(ctx: Context, events: int, processes: int, partitions: int) ->
     from kappaflow.kafka.topics import create_topic, delete_topic
     from kappaflow_bench.ysb.generator import run_processes
 
-    with embedded_services(ctx.settings):
+    with embedded_services(ctx.settings, say):
         topic = f"ysb.generator.{uuid.uuid4().hex[:8]}"
         create_topic(ctx.settings.kafka, topic, partitions=partitions)
         rng = random.Random()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kappaflow.errors import ConfigError, TopicNotFoundError
-from kappaflow.kafka.topics import create_topic, delete_topic
+from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow_bench.report import machine
@@ -63,9 +63,8 @@ class RunSpec:
     rate: int
     duration_s: float
     processes: int = 1
-    #: The original's default. On a machine with few cores, every extra task in a
-    #: micro-batch costs more in scheduling than it brings in parallelism.
-    partitions: int = 1
+    #: One per core, as kappaflow's topics default to (the original used 1).
+    partitions: int = DEFAULT_PARTITIONS
     warmup_s: float = 60.0
     #: Micro-batch with the Redis sink only: "batch" (stateless, the default) or "state".
     aggregate: str | None = None

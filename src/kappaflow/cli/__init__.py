@@ -7,7 +7,7 @@ import sys
 import click
 
 from kappaflow.cli.app import cli
-from kappaflow.errors import CommandLineError, KappaflowError
+from kappaflow.errors import CommandLineError, KappaflowError, OperatingSystemError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +25,10 @@ def run_cli(command: click.Command, prog_name: str, argv: list[str] | None = Non
     except click.exceptions.Abort:
         click.echo(f"{prog_name}: interrupted", err=True)
         return 130
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # The program or a group without a command: its help, which is no error.
+        click.echo(exc.format_message(), err=True)
+        return CommandLineError.exit_code
     except click.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         click.echo(
@@ -32,7 +36,7 @@ def run_cli(command: click.Command, prog_name: str, argv: list[str] | None = Non
         )
         return CommandLineError.exit_code
     except click.ClickException as exc:
-        click.echo(f"{prog_name}: error: {exc.format_message()}", err=True)
+        click.echo(f"{prog_name}: error[{CommandLineError.code}]: {exc.format_message()}", err=True)
         return exc.exit_code
     except KappaflowError as exc:
         click.echo(f"{prog_name}: error[{exc.code}]: {exc}", err=True)
@@ -45,8 +49,9 @@ def run_cli(command: click.Command, prog_name: str, argv: list[str] | None = Non
         # The environment refused something (permissions, a path that is a file, a full
         # disk): say what and where, without a traceback.
         where = f": {exc.filename}" if exc.filename else ""
-        click.echo(f"{prog_name}: error: {exc.strerror or exc}{where}", err=True)
-        return 1
+        code = OperatingSystemError.code
+        click.echo(f"{prog_name}: error[{code}]: {exc.strerror or exc}{where}", err=True)
+        return OperatingSystemError.exit_code
     except KeyboardInterrupt:
         click.echo(f"{prog_name}: interrupted", err=True)
         return 130

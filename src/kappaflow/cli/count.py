@@ -12,6 +12,7 @@ from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import NotACountJobError
 from kappaflow.jobs.manager import JobManager, JobRecord
+from kappaflow.jobs.pipeline import pipeline_target
 from kappaflow.serving.client import redis_client
 
 PIPELINE = "count"
@@ -132,7 +133,7 @@ def status(ctx: Context, name: str) -> None:
 def _counting_job(ctx: Context, name: str) -> JobRecord:
     """Job ``name``'s record; an error if there is none or it is not a counting job."""
     record = JobManager(ctx.settings).get(name)
-    if record.pipeline != PIPELINE:
+    if pipeline_target(record.pipeline) != pipeline_target(PIPELINE):
         raise NotACountJobError(f"job {name!r} is not a counting job")
     return record
 

@@ -16,7 +16,13 @@ def topics() -> None:
 
 @topics.command("create")
 @click.argument("name")
-@click.option("-p", "--partitions", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "-p",
+    "--partitions",
+    default=ops.DEFAULT_PARTITIONS,
+    show_default="this machine's cores",
+    type=click.IntRange(min=1),
+)
 @click.option(
     "-r", "--replication-factor", default=1, show_default=True, type=click.IntRange(min=1)
 )

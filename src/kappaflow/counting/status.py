@@ -29,11 +29,15 @@ from kappaflow.timeutil import from_epoch_ms, iso
 QUERY_DIR = "count"
 
 
-def events_read(settings: Settings, name: str, stats: CountStats) -> int:
-    """Source offsets the job consumed through the last batch applied to the store."""
+def events_read(settings: Settings, name: str, stats: CountStats) -> int | None:
+    """Source offsets the job consumed through the last batch applied to the store;
+    None when the checkpoint no longer holds that batch's offsets."""
     if stats.last_batch < 0:
         return 0
-    return offsets_consumed(settings.checkpoint_root / name / QUERY_DIR, stats.last_batch)
+    try:
+        return offsets_consumed(settings.checkpoint_root / name / QUERY_DIR, stats.last_batch)
+    except FileNotFoundError:
+        return None
 
 
 def count_status(settings: Settings, record: JobRecord) -> dict[str, Any]:
@@ -62,7 +66,7 @@ def count_status(settings: Settings, record: JobRecord) -> dict[str, Any]:
         "state_rows": sum(int(op.get("numRowsTotal", 0)) for op in operators),
         "state_bytes": sum(int(op.get("memoryUsedBytes", 0)) for op in operators),
         "last_batch": {
-            "id": stats.last_batch if stats.last_batch >= 0 else None,
+            "id": progress.get("batchId"),
             "at": progress.get("timestamp"),
             "input_rows": progress.get("numInputRows"),
             "duration_ms": (progress.get("durationMs") or {}).get("triggerExecution"),

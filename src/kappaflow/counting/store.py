@@ -204,7 +204,8 @@ class CountStore:
             counted=raw.get("counted", 0),
             duplicates=raw.get("duplicates", 0),
             late=raw.get("late", 0),
-            dead_letters=raw.get("dead_letters", 0),
+            # "dlq": the field's name in kappaflow 0.1.0's stores.
+            dead_letters=raw.get("dead_letters", 0) + raw.get("dlq", 0),
             last_batch=raw.get("last_batch", -1),
             watermark_ms=raw.get("watermark", 0),
             open_windows=open_windows,

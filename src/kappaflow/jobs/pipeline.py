@@ -89,10 +89,11 @@ class Pipeline:
     parts: Callable[[Mapping[str, str], Settings], list[Part]] = _no_parts
 
 
-def load_pipeline(reference: str) -> Pipeline:
-    """The pipeline a reference names: ``module:attribute`` or an entry point's name."""
-    target = reference
-    if ":" not in reference:
+def pipeline_target(reference: str) -> str:
+    """The ``module:attribute`` a reference names, without importing it."""
+    if ":" in reference:
+        target = reference
+    else:
         found = entry_points(group=ENTRY_POINT_GROUP, name=reference)
         if not found:
             known = ", ".join(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
@@ -100,17 +101,31 @@ def load_pipeline(reference: str) -> Pipeline:
                 f"unknown pipeline {reference!r} (known: {known}; "
                 "or give one as package.module:attribute)"
             )
+        if len({ep.value for ep in found}) > 1:
+            where = ", ".join(sorted(ep.value for ep in found))
+            raise InvalidPipelineError(f"pipeline {reference!r} is declared twice: {where}")
         target = next(iter(found)).value
     if not _REFERENCE.match(target):
         raise InvalidPipelineError(
             f"invalid pipeline reference {reference!r}: use package.module:attribute"
         )
-    module_name, _, attribute = target.partition(":")
+    return target
+
+
+def load_pipeline(reference: str) -> Pipeline:
+    """The pipeline a reference names: ``module:attribute`` or an entry point's name."""
+    module_name, _, attribute = pipeline_target(reference).partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise PipelineNotFoundError(
             f"pipeline {reference!r}: no module named {exc.name!r}"
+        ) from None
+    except Exception as exc:
+        # The user's module itself fails: say where, not a traceback of our loader.
+        raise InvalidPipelineError(
+            f"pipeline {reference!r}: importing {module_name} failed: "
+            f"{type(exc).__name__}: {exc}".splitlines()[0]
         ) from None
     found_object: Any = module
     for name in attribute.split("."):

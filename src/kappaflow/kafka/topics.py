@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -31,6 +32,12 @@ def parse_configs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
             )
         configs[key.strip()] = value.strip()
     return configs
+
+
+#: Partitions of a topic kappaflow creates when none are given: one per core of this
+#: machine, so that a local Spark job reading it runs a task on every core (a partition
+#: is read by one task). On a cluster, give a number that fits the cluster.
+DEFAULT_PARTITIONS = os.cpu_count() or 1
 
 
 def create_topic(

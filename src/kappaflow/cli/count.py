@@ -7,7 +7,7 @@ import click
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
 from kappaflow.counting import outputs
-from kappaflow.counting.spec import CountSpec, millis
+from kappaflow.counting.spec import CountSpec, duration_ms
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import NotACountJobError
@@ -84,11 +84,11 @@ def start(
         key_field=key_field,
         time_field=time_field,
         id_field=id_field,
-        window_ms=millis(window),
-        slide_ms=millis(slide),
-        session_gap_ms=millis(session_gap),
-        watermark_ms=millis(watermark) or 0,
-        allowed_lateness_ms=millis(allowed_lateness) or 0,
+        window_ms=duration_ms(window),
+        slide_ms=duration_ms(slide),
+        session_gap_ms=duration_ms(session_gap),
+        watermark_ms=duration_ms(watermark) or 0,
+        allowed_lateness_ms=duration_ms(allowed_lateness) or 0,
         realtime=realtime,
         available_now=available_now,
     )

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from kappaflow.counting.processor import Packed, WindowCounter, decode_counts, unpack
+from kappaflow.counting.arrow_ipc import PackedProcessor, unpack
+from kappaflow.counting.windows import WindowCounter, decode_counts
 
 SIZE = 60_000
 START = 600_000
@@ -109,7 +110,7 @@ def fire(counter: Any, at: int, watermark: int) -> list[dict[str, Any]]:
 
 def test_counts_grow_then_become_final_then_take_corrections_then_close() -> None:
     handle = Handle()
-    counter = Packed(WindowCounter(SIZE, lateness_ms=30_000, dedup=False))
+    counter = PackedProcessor(WindowCounter(SIZE, lateness_ms=30_000, dedup=False))
     counter.init(handle)  # type: ignore[arg-type]  # the in-memory handle above
 
     # The same key from two source partitions sums into one change.

@@ -6,7 +6,7 @@ import click
 
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
-from kappaflow.counting import outputs
+from kappaflow.counting import lifecycle
 from kappaflow.counting.spec import CountSpec, duration_ms
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
@@ -115,7 +115,7 @@ def remove(ctx: Context, name: str) -> None:
     """Forget stopped counting job NAME: its checkpoint, its counts in Redis and its
     topics. Started again, NAME counts from the start of its source."""
     _counting_job(ctx, name)
-    deleted = outputs.remove(ctx.settings, name)
+    deleted = lifecycle.remove(ctx.settings, name)
     say(f"count job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
 
 

@@ -40,6 +40,7 @@ from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import ConsumeError, PartialBatchError, ProduceError
 from kappaflow.kafka.clients import consumer
+from kappaflow.kafka.records import produce_with_retry
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -48,6 +49,11 @@ from kappaflow.timeutil import from_epoch_ms, iso
 #: in Spark's checkpoint). A fault-injection pipeline of the test suite kills the driver at
 #: each of them to show that a crash anywhere changes nothing in the results.
 STEPS = ("before-redis", "after-redis", "in-transaction", "after-kafka")
+
+#: The longest a send waits for deliveries to free room when the producer's queue is
+#: full. This producer has every delivery reported, so a poll returns as soon as the
+#: broker acknowledges a batch of records: the hot changelog loop rarely waits this long.
+_FULL_QUEUE_POLL_S = 0.2
 
 #: Called with a step, the batch id and how many records the batch publishes (changes,
 #: late events, dead letters); kappaflow's own pipeline passes none.
@@ -143,14 +149,9 @@ class BatchWriter:
         keys, values = changelog_records(changes, batch_id)
         self.producer.begin_transaction()
         try:
-            topic, produce = self.topics["counts"], self.producer.produce
+            topic, producer = self.topics["counts"], self.producer
             for key, value in zip(keys, values, strict=True):
-                while True:
-                    try:
-                        produce(topic, value, key)
-                        break
-                    except BufferError:
-                        self.producer.poll(0.2)
+                produce_with_retry(producer, topic, value, key, poll_s=_FULL_QUEUE_POLL_S)
             for r in late:
                 self._send(self.topics["late"], r["key"], self._late_record(r))
             for r in dead:
@@ -168,16 +169,13 @@ class BatchWriter:
             self.on_step(step, batch_id, outputs)
 
     def _send(self, topic: str, key: str | None, value: dict[str, Any]) -> None:
-        while True:
-            try:
-                self.producer.produce(
-                    topic,
-                    key=key.encode() if key is not None else None,
-                    value=json.dumps(value).encode(),
-                )
-                return
-            except BufferError:
-                self.producer.poll(0.2)
+        produce_with_retry(
+            self.producer,
+            topic,
+            json.dumps(value).encode(),
+            key.encode() if key is not None else None,
+            poll_s=_FULL_QUEUE_POLL_S,
+        )
 
     def _late_events(self, frame: DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each too-late event, read back from the source with its original bytes.

@@ -114,7 +114,7 @@ def test_every_code_is_asserted_by_a_test() -> None:
         (errors.ConfigError, "KF100"),
         (errors.SetupError, "KF200"),
         (errors.ServiceError, "KF300"),
-        (errors.KafkaError, "KF400"),
+        (errors.KafkaClusterError, "KF400"),
         (errors.InputError, "KF500"),
         (errors.JobError, "KF600"),
     ],

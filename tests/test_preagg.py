@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kappaflow.counting.preagg import Folder
+from kappaflow.counting.preagg import PreAggregator
 
 
 def batch(rows: list[tuple[int, str | None, int, int | None, str | None]]) -> pa.RecordBatch:
@@ -34,7 +34,7 @@ def test_fold_counts_per_window_and_key() -> None:
         (-1, None, 5, None, "not valid JSON"),
     ]
     folded = pa.Table.from_batches(
-        list(Folder(with_ids=True)(iter([batch(rows[:3]), batch(rows[3:])])))
+        list(PreAggregator(with_ids=True)(iter([batch(rows[:3]), batch(rows[3:])])))
     )
     by_group = {(r["window_start"], r["key"]): r for r in folded.to_pylist() if r["reason"] is None}
     assert set(by_group) == {(0, "a"), (0, "b"), (60_000, "a")}
@@ -64,7 +64,11 @@ def test_fold_counts_per_window_and_key() -> None:
 
 def test_fold_without_ids_carries_none() -> None:
     folded = pa.Table.from_batches(
-        list(Folder(with_ids=False)(iter([batch([(0, "a", 7, 1, None), (0, "a", 9, 2, None)])])))
+        list(
+            PreAggregator(with_ids=False)(
+                iter([batch([(0, "a", 7, 1, None), (0, "a", 9, 2, None)])])
+            )
+        )
     )
     assert folded.to_pylist()[0]["ids"] is None
     assert folded.to_pylist()[0]["events"] == 2

@@ -26,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from kappaflow.counting.outputs import remove
+from kappaflow.counting.lifecycle import remove
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import ConfigError

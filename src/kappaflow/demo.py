@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kappaflow import services
-from kappaflow.counting import outputs
+from kappaflow.counting import lifecycle
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.jobs.manager import ACTIVE_STATES, JobManager
@@ -112,7 +112,7 @@ def _reset(settings: Settings, jobs: JobManager) -> None:
     """Start from nothing: the time-lapse clock must not run into an old watermark."""
     if jobs.get_state(JOB) in ACTIVE_STATES:
         jobs.stop(JOB)
-    outputs.remove(settings, JOB, missing_ok=True)
+    lifecycle.remove(settings, JOB, missing_ok=True)
     if SOURCE in {row["name"] for row in list_topics(settings.kafka)}:
         delete_topic(settings.kafka, SOURCE)
 

@@ -182,43 +182,45 @@ class ProcessStopError(ServiceError):
 # KF4xx: the Kafka cluster.
 
 
-class KafkaError(KappaflowError, RuntimeError):
+# Not ``KafkaError``: that is confluent-kafka's error value, which code using both would
+# have to import under another name.
+class KafkaClusterError(KappaflowError, RuntimeError):
     """The Kafka cluster refused or failed a request."""
 
     code = "KF400"
 
 
-class KafkaUnreachableError(KafkaError, ConnectionError):
+class KafkaUnreachableError(KafkaClusterError, ConnectionError):
     """The Kafka cluster cannot be reached at its bootstrap servers."""
 
     code = "KF401"
 
 
-class TopicExistsError(KafkaError):
+class TopicExistsError(KafkaClusterError):
     """The topic to create already exists."""
 
     code = "KF402"
 
 
-class KafkaRequestError(KafkaError):
+class KafkaRequestError(KafkaClusterError):
     """The cluster refused an admin request: create or delete a topic, read its configs."""
 
     code = "KF403"
 
 
-class TopicNotFoundError(KafkaError, LookupError):
+class TopicNotFoundError(KafkaClusterError, LookupError):
     """A topic that the command needs does not exist."""
 
     code = "KF404"
 
 
-class ProduceError(KafkaError):
+class ProduceError(KafkaClusterError):
     """Writing records to a topic failed (send, replay, a counting batch's transaction)."""
 
     code = "KF405"
 
 
-class ConsumeError(KafkaError):
+class ConsumeError(KafkaClusterError):
     """Reading a topic failed, or its offsets could not be looked up by time."""
 
     code = "KF406"

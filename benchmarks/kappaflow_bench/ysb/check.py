@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
-from kappaflow.errors import KafkaError
+from kappaflow.errors import KafkaClusterError
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
@@ -51,7 +51,7 @@ def read_all(kafka: KafkaSettings, topic: str, *, timeout_s: float = 300) -> Ite
         deadline = time.monotonic() + timeout_s
         while ends:
             if time.monotonic() > deadline:
-                raise KafkaError(f"reading {topic!r} took more than {timeout_s:.0f}s")
+                raise KafkaClusterError(f"reading {topic!r} took more than {timeout_s:.0f}s")
             for message in reader.consume(10_000, timeout=1.0):
                 got, offset = message.partition(), message.offset()
                 if message.error() is not None or got is None or offset is None:

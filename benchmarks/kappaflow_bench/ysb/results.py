@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from kappaflow.errors import KafkaError
+from kappaflow.errors import KafkaClusterError
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
@@ -115,7 +115,7 @@ class KafkaWindows:
         deadline = time.monotonic() + timeout_s
         while any(self._next[p] < end for p, end in ends.items()):
             if time.monotonic() > deadline:
-                raise KafkaError(f"reading {self.topic!r} took more than {timeout_s:.0f}s")
+                raise KafkaClusterError(f"reading {self.topic!r} took more than {timeout_s:.0f}s")
             for message in self._reader.consume(10_000, timeout=1.0):
                 got, offset = message.partition(), message.offset()
                 if message.error() is not None or got is None or offset is None:

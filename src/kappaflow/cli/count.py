@@ -6,8 +6,8 @@ import click
 
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
-from kappaflow.counting import outputs
-from kappaflow.counting.spec import CountSpec, millis
+from kappaflow.counting import lifecycle
+from kappaflow.counting.spec import CountSpec, duration_ms
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import NotACountJobError
@@ -85,11 +85,11 @@ def start(
         key_field=key_field,
         time_field=time_field,
         id_field=id_field,
-        window_ms=millis(window),
-        slide_ms=millis(slide),
-        session_gap_ms=millis(session_gap),
-        watermark_ms=millis(watermark) or 0,
-        allowed_lateness_ms=millis(allowed_lateness) or 0,
+        window_ms=duration_ms(window),
+        slide_ms=duration_ms(slide),
+        session_gap_ms=duration_ms(session_gap),
+        watermark_ms=duration_ms(watermark) or 0,
+        allowed_lateness_ms=duration_ms(allowed_lateness) or 0,
         realtime=realtime,
         available_now=available_now,
     )
@@ -116,7 +116,7 @@ def remove(ctx: Context, name: str) -> None:
     """Forget stopped counting job NAME: its checkpoint, its counts in Redis and its
     topics. Started again, NAME counts from the start of its source."""
     _counting_job(ctx, name)
-    deleted = outputs.remove(ctx.settings, name)
+    deleted = lifecycle.remove(ctx.settings, name)
     say(f"count job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
 
 

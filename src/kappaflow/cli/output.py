@@ -35,5 +35,6 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     Console(highlight=False).print(grid)
 
 
-def when(epoch_s: float | None) -> str | None:
+def iso_from_epoch_s(epoch_s: float | None) -> str | None:
+    """Epoch seconds as ISO-8601 UTC text (``timeutil.iso``), or None."""
     return iso(datetime.fromtimestamp(epoch_s, tz=UTC)) if epoch_s is not None else None

@@ -8,7 +8,7 @@ import click
 
 from kappaflow import services as svc
 from kappaflow.cli.context import Context, pass_context
-from kappaflow.cli.output import json_line, say, table, when
+from kappaflow.cli.output import iso_from_epoch_s, json_line, say, table
 from kappaflow.errors import ExternalServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
@@ -93,7 +93,7 @@ def kafka_status(ctx: Context, as_json: bool) -> None:
         "pid": status.pid,
         "bootstrap": status.bootstrap,
         "data_dir": str(status.data_dir),
-        "started_at": when(status.started_at),
+        "started_at": iso_from_epoch_s(status.started_at),
     }
     _show(row, as_json)
 
@@ -139,7 +139,7 @@ def redis_status(ctx: Context, as_json: bool) -> None:
         "state": status.state.value,
         "pid": status.pid,
         "url": status.url,
-        "started_at": when(status.started_at),
+        "started_at": iso_from_epoch_s(status.started_at),
     }
     _show(row, as_json)
 

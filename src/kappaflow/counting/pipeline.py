@@ -17,20 +17,16 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from kappaflow.counting import realtime
+from kappaflow.counting.arrow_ipc import PACKED_SCHEMA, PackedProcessor
 from kappaflow.counting.events import assign_windows, parse_events
-from kappaflow.counting.outputs import topics_of
-from kappaflow.counting.preagg import FOLDED_SCHEMA, Folder
-from kappaflow.counting.processor import (
-    DEAD_WINDOW,
-    PACKED_SCHEMA,
-    SHARDS,
-    Packed,
-    WindowCounter,
-)
+from kappaflow.counting.lifecycle import topics_of
+from kappaflow.counting.preagg import FOLDED_SCHEMA, PreAggregator
+from kappaflow.counting.rows import DEAD_WINDOW, SHARDS
 from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter, StepHook
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStore
+from kappaflow.counting.windows import WindowCounter
 from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.serving.client import redis_client
@@ -127,7 +123,7 @@ def build(raw: DataFrame, spec: CountSpec) -> DataFrame:
         "reason",
         F.when(countable, F.lit(None).cast("binary")).otherwise(F.col("value")).alias("value"),
     )
-    folded = events.mapInArrow(Folder(with_ids=spec.id_field is not None), FOLDED_SCHEMA)
+    folded = events.mapInArrow(PreAggregator(with_ids=spec.id_field is not None), FOLDED_SCHEMA)
     dedup = spec.id_field is not None
     return _counted(folded, WindowCounter(spec.size_ms, spec.allowed_lateness_ms, dedup))
 
@@ -165,9 +161,9 @@ def build_sessions(raw: DataFrame, spec: CountSpec) -> DataFrame:
 
 def _counted(rows: DataFrame, processor: StatefulProcessor) -> DataFrame:
     """``rows`` through ``processor``, one group per (window_start, shard), by event time;
-    its output rows packed (processor.Packed)."""
+    its output rows packed (arrow_ipc.PackedProcessor)."""
     return rows.groupBy("window_start", "shard").transformWithStateInPandas(
-        statefulProcessor=Packed(processor),
+        statefulProcessor=PackedProcessor(processor),
         outputStructType=PACKED_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",

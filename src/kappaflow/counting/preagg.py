@@ -43,7 +43,7 @@ _OUT = pa.schema(
 )
 
 
-class Folder:
+class PreAggregator:
     """The ``mapInArrow`` function: input columns are those of ``_GROUP`` plus
     ``src_offset``, ``id_hash`` (null without an id), ``reason`` and ``value``."""
 
@@ -70,7 +70,7 @@ def fold_batches(batches: Iterator[pa.RecordBatch], with_ids: bool) -> Iterator[
 def fold(table: pa.Table, with_ids: bool) -> Iterator[pa.RecordBatch]:
     dead = pc.is_valid(table["reason"])
     if pc.any(dead).as_py():
-        yield from _dead(table.filter(dead))
+        yield from _unfolded_dead_letters(table.filter(dead))
         table = table.filter(pc.invert(dead))
     if table.num_rows == 0:
         return
@@ -79,24 +79,17 @@ def fold(table: pa.Table, with_ids: bool) -> Iterator[pa.RecordBatch]:
         aggregates.append(("id_hash", "list"))
     folded = table.group_by(_GROUP, use_threads=False).aggregate(aggregates)
     n = folded.num_rows
-    yield from pa.table(
-        {
-            "window_start": folded["window_start"],
-            "shard": folded["shard"],
-            "key": folded["key"],
-            "primary": folded["primary"],
-            "src_partition": folded["src_partition"],
-            "events": folded["src_offset_count"],
-            "first_offset": folded["src_offset_min"],
-            "last_offset": folded["src_offset_max"],
-            "ids": _without_nulls(folded["id_hash_list"].combine_chunks())
-            if with_ids
-            else pa.nulls(n, pa.list_(pa.int64())),
-            "reason": pa.nulls(n, pa.string()),
-            "value": pa.nulls(n, pa.binary()),
-        },
-        schema=_OUT,
-    ).to_batches()
+    yield from _folded_rows(
+        folded,
+        events=folded["src_offset_count"],
+        first_offset=folded["src_offset_min"],
+        last_offset=folded["src_offset_max"],
+        ids=_without_nulls(folded["id_hash_list"].combine_chunks())
+        if with_ids
+        else pa.nulls(n, pa.list_(pa.int64())),
+        reason=pa.nulls(n, pa.string()),
+        value=pa.nulls(n, pa.binary()),
+    )
 
 
 def _without_nulls(lists: pa.ListArray) -> pa.ListArray:
@@ -109,21 +102,24 @@ def _without_nulls(lists: pa.ListArray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(keep))
 
 
-def _dead(table: pa.Table) -> Iterator[pa.RecordBatch]:
+def _unfolded_dead_letters(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    """Records that cannot be counted, one folded row each, with their reason and bytes."""
     n = table.num_rows
+    yield from _folded_rows(
+        table,
+        events=pa.array([1] * n, pa.int64()),
+        first_offset=table["src_offset"],
+        last_offset=table["src_offset"],
+        ids=pa.nulls(n, pa.list_(pa.int64())),
+        reason=table["reason"],
+        value=table["value"],
+    )
+
+
+def _folded_rows(
+    groups: pa.Table, **columns: pa.Array | pa.ChunkedArray
+) -> Iterator[pa.RecordBatch]:
+    """Rows of FOLDED_SCHEMA: the ``_GROUP`` columns of ``groups``, then ``columns``."""
     yield from pa.table(
-        {
-            "window_start": table["window_start"],
-            "shard": table["shard"],
-            "key": table["key"],
-            "primary": table["primary"],
-            "src_partition": table["src_partition"],
-            "events": pa.array([1] * n, pa.int64()),
-            "first_offset": table["src_offset"],
-            "last_offset": table["src_offset"],
-            "ids": pa.nulls(n, pa.list_(pa.int64())),
-            "reason": table["reason"],
-            "value": table["value"],
-        },
-        schema=_OUT,
+        {**{name: groups[name] for name in _GROUP}, **columns}, schema=_OUT
     ).to_batches()

@@ -4,7 +4,7 @@ A session is [first event, last event + gap). Each event is the interval [t, t +
 a key's sessions are the unions of overlapping intervals, so an event can grow a
 session, start a new one, or bridge two into one. State is kept per shard of keys (one
 Arrow table of sessions, plus the id hashes already counted with ``--id``), like the
-fixed windows' state in processor.py.
+fixed windows' state in windows.py.
 
 What a session's change looks like on the changelog:
 - it grows: ``provisional`` (or ``correction`` once final or behind the watermark) with
@@ -22,10 +22,11 @@ start a session beside one already forgotten.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -33,23 +34,33 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from kappaflow.counting.processor import (
+from kappaflow.counting.arrow_ipc import frame_from_ipc, frame_to_ipc
+from kappaflow.counting.rows import (
     CLOSED,
     CORRECTION,
-    DEAD,
     DEAD_WINDOW,
     FINAL,
-    LATE,
     PROVISIONAL,
+    SESSIONS_WINDOW,
     STATS,
-    arrow_bytes,
-    arrow_frame,
+    dead_letter_rows,
+    late_rows,
     output_rows,
 )
-from kappaflow.counting.store import SESSIONS
 from kappaflow.timeutil import from_epoch_ms, iso
 
 STATE_SCHEMA = "sessions BINARY, ids BINARY"
+
+
+class SessionState(NamedTuple):
+    """A shard's state value (STATE_SCHEMA)."""
+
+    #: The sessions held: Arrow IPC bytes of a table of ``_SESSION_COLUMNS``.
+    sessions: bytes
+    #: The id hashes already counted, with their event times (Arrow IPC bytes).
+    ids: bytes
+
+
 _SESSION_COLUMNS = {
     "key": "object",
     "start": "int64",
@@ -63,13 +74,13 @@ _SESSION_COLUMNS = {
 def decode_sessions(blob: bytes | None) -> pd.DataFrame:
     if not blob:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _SESSION_COLUMNS.items()})
-    return arrow_frame(blob)
+    return frame_from_ipc(blob)
 
 
 def _decode_ids(blob: bytes | None) -> pd.DataFrame:
     if not blob:
         return pd.DataFrame({"hash": pd.Series(dtype="int64"), "ts": pd.Series(dtype="int64")})
-    return arrow_frame(blob)
+    return frame_from_ipc(blob)
 
 
 class SessionCounter(StatefulProcessor):
@@ -85,15 +96,15 @@ class SessionCounter(StatefulProcessor):
     # Rows are single events (key, ts, has_id, id_hash, source coordinates), not folded.
     def handleInputRows(  # type: ignore[override]
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
+    ) -> Iterator[pd.DataFrame | pa.Table]:
         watermark = timerValues.getCurrentWatermarkInMs()
         events = pd.concat(list(rows), ignore_index=True)
         if int(key[0]) == DEAD_WINDOW:
-            yield _dead(events)
+            yield dead_letter_rows(events, "src_offset")
             return
-        stored = self.state.get()
-        sessions = decode_sessions(stored[0] if stored else None)
-        ids = _decode_ids(stored[1] if stored else None)
+        stored = self._stored()
+        sessions = decode_sessions(stored.sessions if stored else None)
+        ids = _decode_ids(stored.ids if stored else None)
         times = events["ts"].to_numpy(dtype="int64")
         fresh = np.ones(len(events), dtype=bool)
         if self.dedup:
@@ -105,15 +116,15 @@ class SessionCounter(StatefulProcessor):
             output_rows(
                 1,
                 kind=[STATS],
-                window_start=[SESSIONS],
-                window_end=[SESSIONS],
+                window_start=[SESSIONS_WINDOW],
+                window_end=[SESSIONS_WINDOW],
                 counted=[int(counted.sum())],
                 duplicates=[int((~fresh).sum())],
                 watermark=[watermark],
             )
         ]
         if late.any():
-            frames.append(self._late(events[late], watermark))
+            frames.append(self._too_late(events[late], watermark))
         if counted.any():
             sessions, changes, held = _merge(
                 sessions, events["key"][counted], times[counted], self.gap_ms, watermark
@@ -127,11 +138,11 @@ class SessionCounter(StatefulProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        stored = self.state.get()
+        stored = self._stored()
         if stored is None:
             return
-        sessions = decode_sessions(stored[0])
-        ids = _decode_ids(stored[1])
+        sessions = decode_sessions(stored.sessions)
+        ids = _decode_ids(stored.ids)
         frames: list[pd.DataFrame] = []
         due = (~sessions["final"]) & (sessions["end"] <= watermark)
         if due.any():
@@ -148,8 +159,8 @@ class SessionCounter(StatefulProcessor):
                 output_rows(
                     1,
                     kind=[CLOSED],
-                    window_start=[SESSIONS],
-                    window_end=[SESSIONS],
+                    window_start=[SESSIONS_WINDOW],
+                    window_end=[SESSIONS_WINDOW],
                     count=[int(gone.sum())],
                     watermark=[watermark],
                 )
@@ -166,30 +177,34 @@ class SessionCounter(StatefulProcessor):
         if sessions.empty:
             self.state.clear()
             return
-        self.state.update((arrow_bytes(sessions.reset_index(drop=True)), arrow_bytes(ids)))
+        self.state.update(
+            SessionState(frame_to_ipc(sessions.reset_index(drop=True)), frame_to_ipc(ids))
+        )
         due = np.where(sessions["final"], sessions["end"] + self.lateness_ms, sessions["end"])
         self.handle.registerTimer(int(due.min()))
 
-    def _late(self, late: pd.DataFrame, watermark: int) -> pd.DataFrame:
-        n = len(late)
+    def _too_late(self, late: pd.DataFrame, watermark: int) -> pd.DataFrame:
+        """The too-late events, one row each, in the session each would have started."""
         reason = (
             f"too late: more than {self.lateness_ms} ms behind the watermark "
             f"({iso(from_epoch_ms(watermark))}) and touching no session still held"
         )
         times = late["ts"].to_numpy(dtype="int64")
-        return output_rows(
-            n,
-            kind=[LATE] * n,
-            key=late["key"].tolist(),
+        rows: pd.DataFrame = late_rows(
+            late,
             window_start=times,
             window_end=times + self.gap_ms,
-            watermark=np.full(n, watermark),
-            reason=[reason] * n,
-            src_partition=late["src_partition"].to_numpy(dtype="int32"),
-            count=np.ones(n, dtype="int64"),
-            src_offset=late["src_offset"].to_numpy(dtype="int64"),
-            src_offset_end=late["src_offset"].to_numpy(dtype="int64"),
-        )
+            watermark=watermark,
+            reason=reason,
+            count=1,
+            offset_columns=("src_offset", "src_offset"),
+        ).to_pandas()
+        return rows
+
+    def _stored(self) -> SessionState | None:
+        """The state value, if the shard has one (Spark returns it as a plain tuple)."""
+        stored = self.state.get()
+        return SessionState(*stored) if stored is not None else None
 
     def close(self) -> None:
         pass
@@ -315,17 +330,4 @@ def _changes(
         previous=np.asarray(previous, dtype="int64"),
         version=np.asarray(version, dtype="int64"),
         watermark=np.full(n, watermark),
-    )
-
-
-def _dead(events: pd.DataFrame) -> pd.DataFrame:
-    n = len(events)
-    return output_rows(
-        n,
-        kind=[DEAD] * n,
-        reason=events["reason"].tolist(),
-        value=events["value"].tolist(),
-        src_partition=events["src_partition"].to_numpy(dtype="int32"),
-        src_offset=events["src_offset"].to_numpy(dtype="int64"),
-        src_offset_end=events["src_offset"].to_numpy(dtype="int64"),
     )

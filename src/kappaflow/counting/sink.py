@@ -25,20 +25,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPar
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from kappaflow.counting.outputs import topics_of
-from kappaflow.counting.processor import (
-    CHANGE_KINDS,
-    CLOSED,
-    CORRECTION,
-    DEAD,
-    FINAL,
-    LATE,
-    STATS,
-    unpack,
-)
-from kappaflow.counting.spec import CountSpec
-from kappaflow.counting.store import CountStore
-from kappaflow.counting.text import (
+from kappaflow.counting.arrow_ipc import unpack
+from kappaflow.counting.json_columns import (
     Column,
     iso_literals,
     join,
@@ -46,8 +34,13 @@ from kappaflow.counting.text import (
     number_text,
     string_literals,
 )
+from kappaflow.counting.lifecycle import topics_of
+from kappaflow.counting.rows import CHANGE_KINDS, CLOSED, CORRECTION, DEAD, FINAL, LATE, STATS
+from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.store import CountStore
 from kappaflow.errors import ConsumeError, PartialBatchError, ProduceError
 from kappaflow.kafka.clients import consumer
+from kappaflow.kafka.records import produce_with_retry
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -56,6 +49,11 @@ from kappaflow.timeutil import from_epoch_ms, iso
 #: in Spark's checkpoint). A fault-injection pipeline of the test suite kills the driver at
 #: each of them to show that a crash anywhere changes nothing in the results.
 STEPS = ("before-redis", "after-redis", "in-transaction", "after-kafka")
+
+#: The longest a send waits for deliveries to free room when the producer's queue is
+#: full. This producer has every delivery reported, so a poll returns as soon as the
+#: broker acknowledges a batch of records: the hot changelog loop rarely waits this long.
+_FULL_QUEUE_POLL_S = 0.2
 
 #: Called with a step, the batch id and how many records the batch publishes (changes,
 #: late events, dead letters); kappaflow's own pipeline passes none.
@@ -117,14 +115,14 @@ class BatchWriter:
         }
         outputs = changes.num_rows + len(late) + len(dead)
         key_deltas: dict[int, int] = {}
-        for part, sign in ((counted, 1), (closed, -1)):
+        for rows, sign in ((counted, 1), (closed, -1)):
             for start, n in zip(
-                part["window_start"].to_pylist(), part["count"].to_pylist(), strict=True
+                rows["window_start"].to_pylist(), rows["count"].to_pylist(), strict=True
             ):
                 key_deltas[start] = key_deltas.get(start, 0) + sign * n
         self._step("before-redis", batch_id, outputs)
         self.store.apply(
-            batch_id, changes.append_column("final", _finals(changes)), key_deltas, stats
+            batch_id, changes.append_column("final", leaves_final(changes)), key_deltas, stats
         )
         self._step("after-redis", batch_id, outputs)
         stored = time.perf_counter()
@@ -148,21 +146,16 @@ class BatchWriter:
         dead: list[dict[str, Any]],
         stats: dict[str, int],
     ) -> None:
-        keys, values = _changelog(changes, batch_id)
+        keys, values = changelog_records(changes, batch_id)
         self.producer.begin_transaction()
         try:
-            topic, produce = self.topics["counts"], self.producer.produce
+            topic, producer = self.topics["counts"], self.producer
             for key, value in zip(keys, values, strict=True):
-                while True:
-                    try:
-                        produce(topic, value, key)
-                        break
-                    except BufferError:
-                        self.producer.poll(0.2)
+                produce_with_retry(producer, topic, value, key, poll_s=_FULL_QUEUE_POLL_S)
             for r in late:
-                self._send(self.topics["late"], r["key"], self._late(r))
+                self._send(self.topics["late"], r["key"], self._late_record(r))
             for r in dead:
-                self._send(self.topics["dlq"], None, self._dead(r))
+                self._send(self.topics["dlq"], None, self._dead_letter_record(r))
             self._send(self.topics["commits"], "batch", {"batch_id": batch_id, **stats})
             self.producer.flush(120)
             self._step("in-transaction", batch_id, len(keys) + len(late) + len(dead))
@@ -176,16 +169,13 @@ class BatchWriter:
             self.on_step(step, batch_id, outputs)
 
     def _send(self, topic: str, key: str | None, value: dict[str, Any]) -> None:
-        while True:
-            try:
-                self.producer.produce(
-                    topic,
-                    key=key.encode() if key is not None else None,
-                    value=json.dumps(value).encode(),
-                )
-                return
-            except BufferError:
-                self.producer.poll(0.2)
+        produce_with_retry(
+            self.producer,
+            topic,
+            json.dumps(value).encode(),
+            key.encode() if key is not None else None,
+            poll_s=_FULL_QUEUE_POLL_S,
+        )
 
     def _late_events(self, frame: DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each too-late event, read back from the source with its original bytes.
@@ -276,7 +266,8 @@ class BatchWriter:
         finally:
             reader.close()
 
-    def _late(self, r: dict[str, Any]) -> dict[str, Any]:
+    def _late_record(self, r: dict[str, Any]) -> dict[str, Any]:
+        """A too-late event's record for ``NAME.late``."""
         return {
             "reason": r["reason"],
             "watermark": iso(from_epoch_ms(r["watermark"])),
@@ -289,7 +280,8 @@ class BatchWriter:
             "source_offset": r["src_offset"],
         }
 
-    def _dead(self, r: dict[str, Any]) -> dict[str, Any]:
+    def _dead_letter_record(self, r: dict[str, Any]) -> dict[str, Any]:
+        """A dead letter's record for ``NAME.dlq``."""
         value = r["value"]
         return {
             "error": r["reason"],
@@ -300,9 +292,9 @@ class BatchWriter:
         }
 
 
-def _changelog(changes: pa.Table, batch_id: int) -> tuple[list[bytes], list[bytes]]:
-    """The changelog records' keys (``["key", window start ms]``, what the real-time
-    path's records have too) and values, as JSON."""
+def changelog_records(changes: pa.Table, batch_id: int) -> tuple[list[bytes], list[bytes]]:
+    """The ``NAME.counts`` records of a batch's changes: their keys (``["key", window
+    start ms]``, what the real-time path's records have too) and values, as JSON."""
     key = string_literals(changes["key"])
     watermark = changes["watermark"]
     values = json_object(
@@ -327,7 +319,7 @@ def _bytes(texts: Column) -> list[bytes]:
     return list(pc.cast(texts, pa.binary()).to_pylist())
 
 
-def _finals(changes: pa.Table) -> Column:
+def leaves_final(changes: pa.Table) -> Column:
     """Whether each change leaves its window final: the watermark has passed its end.
 
     Not every correction is final: a late event can extend a session past the watermark.

@@ -85,7 +85,7 @@ class CountSpec:
         return cls(**values)  # type: ignore[arg-type]
 
 
-def millis(text: str | None) -> int | None:
+def duration_ms(text: str | None) -> int | None:
     """A CLI duration (``10s``) in milliseconds."""
     if text is None:
         return None

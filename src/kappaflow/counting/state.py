@@ -6,10 +6,10 @@ the job's checkpoint holds for its last committed batch, without disturbing the 
 
 from __future__ import annotations
 
-from kappaflow.counting.processor import decode_counts
 from kappaflow.counting.sessions import decode_sessions
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
+from kappaflow.counting.windows import decode_counts
 from kappaflow.errors import NoCommittedStateError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings

@@ -23,7 +23,14 @@ from typing import Any
 import pyarrow as pa
 import redis
 
-from kappaflow.counting.text import booleans, json_items, number_text, quoted, string_literals
+from kappaflow.counting.json_columns import (
+    booleans,
+    json_items,
+    number_text,
+    quoted,
+    string_literals,
+)
+from kappaflow.counting.rows import SESSIONS_WINDOW
 from kappaflow.timeutil import from_epoch_ms, iso
 
 # Writes a chunk of window changes in order. ARGV: job, a JSON array holding six strings
@@ -74,10 +81,6 @@ for window, delta in pairs(cjson.decode(ARGV[4])) do
 end
 return 1
 """
-
-#: The ``window_start`` of session jobs' statistics and forgotten sessions: the store
-#: counts the sessions held there (each session is one window of one key).
-SESSIONS = -2
 
 #: Changes per call of the write script: large enough that the calls' overhead vanishes,
 #: small enough that Redis, which serves no one else during a script, stays responsive.
@@ -196,8 +199,8 @@ class CountStore:
     def stats(self) -> CountStats:
         raw = {_text(k): int(v) for k, v in self.client.hgetall(self.prefix + "stats").items()}
         held = {int(w): int(n) for w, n in self.client.hgetall(self.prefix + "open").items()}
-        if SESSIONS in held:  # session windows: each session is a window of one key
-            open_windows = window_keys = held[SESSIONS]
+        if SESSIONS_WINDOW in held:  # session windows: each session is a window of one key
+            open_windows = window_keys = held[SESSIONS_WINDOW]
         else:
             open_windows, window_keys = len(held), sum(held.values())
         return CountStats(

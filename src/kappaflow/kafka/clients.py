@@ -7,7 +7,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from kappaflow.errors import KafkaError, KafkaUnreachableError
+from kappaflow.errors import KafkaClusterError, KafkaUnreachableError
 from kappaflow.settings import KafkaSettings
 
 # librdkafka logs connection failures to stderr on its own; the CLI reports them once.
@@ -48,7 +48,7 @@ def consumer(kafka: KafkaSettings, **extra: Any) -> Consumer:
 
 
 def cluster_metadata(kafka: KafkaSettings, topic: str | None = None) -> ClusterMetadata:
-    """Cluster metadata, or a KafkaError that says the cluster cannot be reached."""
+    """Cluster metadata, or a KafkaClusterError that says the cluster cannot be reached."""
     client = admin(kafka)
     try:
         metadata = client.list_topics(topic=topic, timeout=kafka.timeout_s)
@@ -59,7 +59,7 @@ def cluster_metadata(kafka: KafkaSettings, topic: str | None = None) -> ClusterM
     return metadata
 
 
-def unreachable(kafka: KafkaSettings, exc: BaseException | None) -> KafkaError:
+def unreachable(kafka: KafkaSettings, exc: BaseException | None) -> KafkaClusterError:
     hint = "start it with `kappaflow kafka start`" if kafka.embedded else "check bootstrap_servers"
     detail = f" ({describe(exc)})" if exc is not None else ""
     return KafkaUnreachableError(f"cannot reach Kafka at {kafka.bootstrap}{detail}: {hint}")

@@ -4,9 +4,9 @@ import json
 
 import pyarrow as pa
 
-from kappaflow.counting.processor import CORRECTION, FINAL, PROVISIONAL
-from kappaflow.counting.sink import _changelog, _finals
-from kappaflow.counting.text import iso_literals, string_literals
+from kappaflow.counting.json_columns import iso_literals, string_literals
+from kappaflow.counting.rows import CORRECTION, FINAL, PROVISIONAL
+from kappaflow.counting.sink import changelog_records, leaves_final
 from kappaflow.timeutil import from_epoch_ms, iso
 
 AWKWARD = ["plain", 'with "quotes"', "back\\slash", "new\nline", "tab\there", "\x01", "été", ""]
@@ -39,7 +39,7 @@ def test_changelog_records_parse_back_to_the_changes() -> None:
             "watermark": [0, 0, start + 5_000],
         }
     )
-    keys, values = _changelog(changes, 12)
+    keys, values = changelog_records(changes, 12)
     assert [json.loads(k) for k in keys] == [
         ["a", start],
         ['say "hi"', start],
@@ -71,4 +71,4 @@ def test_a_window_is_final_once_the_watermark_passes_its_end() -> None:
             "watermark": [50, 100, 150, 90],
         }
     )
-    assert _finals(changes).to_pylist() == [False, True, True, False]
+    assert leaves_final(changes).to_pylist() == [False, True, True, False]

@@ -23,7 +23,7 @@ from faults import CRASH_AT, CRASH_RECORD
 
 from conftest import Result, RunCli, run_kappaflow
 from kappaflow.counting.sink import STEPS
-from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.spec import QUERY, CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer
@@ -343,7 +343,7 @@ def test_a_crash_changes_nothing(
     assert crashed["step"] == step and crashed["batch"] >= 1
 
     start(cli, job_name, source)  # resumes from the checkpoint, without the fault
-    query = serving.checkpoint_root / job_name / "count"
+    query = serving.checkpoint_root / job_name / QUERY
     # Spark has run the crashed batch again and committed it ...
     wait_for(
         lambda: True if committed(query, crashed["batch"]) else None,

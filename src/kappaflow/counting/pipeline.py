@@ -24,7 +24,7 @@ from kappaflow.counting.preagg import FOLDED_SCHEMA, PreAggregator
 from kappaflow.counting.rows import DEAD_WINDOW, SHARDS
 from kappaflow.counting.sessions import SessionCounter
 from kappaflow.counting.sink import BatchWriter, StepHook
-from kappaflow.counting.spec import REALTIME_PART, CountSpec
+from kappaflow.counting.spec import QUERY, REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.counting.windows import WindowCounter
 from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
@@ -78,7 +78,7 @@ def start(ctx: JobContext, on_step: StepHook | None = None) -> list[StreamingQue
     writer = (
         output.writeStream.queryName(ctx.name)
         .outputMode("update")
-        .option("checkpointLocation", str(ctx.checkpoint_dir / "count"))
+        .option("checkpointLocation", str(ctx.checkpoint_dir / QUERY))
         .foreachBatch(BatchWriter(ctx.settings, ctx.name, spec, store, on_step))
     )
     writer = (

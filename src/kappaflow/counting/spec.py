@@ -14,6 +14,8 @@ _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 #: The part of a ``--realtime`` job that runs the real-time query in a driver process of
 #: its own (pipelines.base.Part, counting/pipeline.py).
 REALTIME_PART = "realtime"
+#: The counting query's name below the job's checkpoint directory.
+QUERY = "count"
 
 
 @dataclass(frozen=True)

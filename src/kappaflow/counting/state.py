@@ -7,7 +7,7 @@ the job's checkpoint holds for its last committed batch, without disturbing the 
 from __future__ import annotations
 
 from kappaflow.counting.sessions import decode_sessions
-from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.spec import QUERY, CountSpec
 from kappaflow.counting.store import WindowCount
 from kappaflow.counting.windows import decode_counts
 from kappaflow.errors import NoCommittedStateError
@@ -20,7 +20,7 @@ def read_state(settings: Settings, job: str) -> list[WindowCount]:
 
     record = JobManager(settings).get(job)
     spec = CountSpec.from_params(record.params)
-    checkpoint = (settings.checkpoint_root / job / "count").resolve()
+    checkpoint = (settings.checkpoint_root / job / QUERY).resolve()
     if not (checkpoint / "commits").exists():
         raise NoCommittedStateError(f"job {job!r} has no committed state yet in {checkpoint}")
     spark = build_session(settings, app_name=f"kappaflow:state:{job}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from kappaflow.counting.spec import REALTIME_PART, CountSpec
+from kappaflow.counting.spec import QUERY, REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.jobs.parts import part_state
@@ -25,9 +25,6 @@ from kappaflow.settings import Settings
 from kappaflow.spark.checkpoint import offsets_consumed
 from kappaflow.timeutil import from_epoch_ms, iso
 
-#: The counting query's checkpoint, below the job's (counting/pipeline.py).
-QUERY_DIR = "count"
-
 
 def events_read(settings: Settings, name: str, stats: CountStats) -> int | None:
     """Source offsets the job consumed through the last batch applied to the store;
@@ -35,7 +32,7 @@ def events_read(settings: Settings, name: str, stats: CountStats) -> int | None:
     if stats.last_batch < 0:
         return 0
     try:
-        return offsets_consumed(settings.checkpoint_root / name / QUERY_DIR, stats.last_batch)
+        return offsets_consumed(settings.checkpoint_root / name / QUERY, stats.last_batch)
     except FileNotFoundError:
         return None
 

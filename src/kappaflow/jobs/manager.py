@@ -34,6 +34,7 @@ from kappaflow.errors import (
 from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
 from kappaflow.settings import Settings, SettingsOverrides
+from kappaflow.spark.environment import spark_environment
 from kappaflow.timeutil import iso
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
@@ -151,8 +152,6 @@ class JobManager:
         )
         record.save(home / "job.json")
         argv = [sys.executable, "-m", "kappaflow.jobs.runner", f"--kappaflow-job={home}"]
-        from kappaflow.spark.session import spark_environment  # imports PySpark
-
         env = {**os.environ, **spark_environment(self.settings, os.environ)}
         # The driver records its own pid and state from here on.
         pid = process.spawn(argv, log_file=home / "driver.log", env=env)

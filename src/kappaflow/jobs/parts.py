@@ -85,9 +85,9 @@ class PartProcesses:
                 f"--kappaflow-job={self.home}",
                 f"{PART_ARG}{name}",
             ]
-            env = dict(os.environ)
-            env.setdefault("PYSPARK_PYTHON", sys.executable)
-            process.spawn(argv, log_file=self.home / f"{name}.log", env=env)
+            # The main driver's environment, which building its session completed
+            # (spark/environment.py): the part runs with the same master's needs.
+            process.spawn(argv, log_file=self.home / f"{name}.log", env=dict(os.environ))
         for name in self.names:
             wait_for(
                 partial(self._running, name),

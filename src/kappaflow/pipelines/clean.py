@@ -17,6 +17,7 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from kappaflow.errors import InvalidDurationError
 from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.spark.kafka_io import read_stream, write_stream
@@ -78,7 +79,12 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
     elif trigger == "realtime":
         writer = writer.outputMode("update").trigger(realTime="5 seconds")  # type: ignore[call-overload]
     else:
-        seconds = parse_duration(trigger).total_seconds()  # else a duration, or KF501
+        try:
+            seconds = parse_duration(trigger).total_seconds()
+        except InvalidDurationError:
+            raise InvalidDurationError(
+                f"invalid trigger {trigger!r}: available-now, realtime or a duration such as 1s"
+            ) from None
         writer = writer.trigger(processingTime=f"{seconds} seconds")
     return [writer.start()]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -19,8 +18,7 @@ from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
 from kappaflow.settings import Settings, SettingsOverrides
-
-LOOPBACK = "127.0.0.1"
+from kappaflow.spark.environment import LOOPBACK, is_local_master, spark_environment
 
 _LOG4J2 = """\
 rootLogger.level = warn
@@ -96,11 +94,11 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # through spark.conf.
         "spark.pyspark.python": sys.executable,
     }
-    if _is_local(spark.master):
+    if is_local_master(spark.master):
         # A local master needs no network: the driver listens on loopback only.
         conf["spark.driver.bindAddress"] = LOOPBACK
         conf["spark.driver.host"] = LOOPBACK
-    local_fs = local_fs_jar(settings) if _is_local(spark.master) else None
+    local_fs = local_fs_jar(settings) if is_local_master(spark.master) else None
     if local_fs is not None:
         # Checkpoint files without a chmod and a readlink process each (install/localfs.py).
         conf.update(FILE_SYSTEM_CONF)
@@ -121,25 +119,6 @@ def build_session(settings: Settings, app_name: str = "kappaflow") -> SparkSessi
     for key, value in session_conf(settings, app_name).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
-
-
-def spark_environment(settings: Settings, current: Mapping[str, str]) -> dict[str, str]:
-    """Environment variables a Spark driver process needs, beyond ``current``'s.
-
-    SparkContext reads the Python workers' interpreter from ``PYSPARK_PYTHON`` when it
-    is created (spark.pyspark.python does not reach every runner, e.g. transformWithState's).
-    With a local master, ``SPARK_LOCAL_IP`` keeps every server of the JVM (driver, block
-    manager, UI) on loopback; the JVM reads it at start, before any Spark option. A value
-    the user set is kept.
-    """
-    wanted = {"PYSPARK_PYTHON": sys.executable}
-    if _is_local(settings.spark.master):
-        wanted["SPARK_LOCAL_IP"] = LOOPBACK
-    return {key: value for key, value in wanted.items() if key not in current}
-
-
-def _is_local(master: str) -> bool:
-    return master == "local" or master.startswith("local[")
 
 
 def _log4j_file(settings: Settings) -> Path:

@@ -128,6 +128,12 @@ def new_topic(kafka: Settings) -> Callable[..., str]:
 
 
 @pytest.fixture
+def offline(tmp_path: Path) -> Settings:
+    """Settings of a state directory of its own, whose services are not running."""
+    return make_settings(tmp_path / "state")
+
+
+@pytest.fixture
 def topic_name() -> str:
     """A fresh name for a topic that does not exist yet."""
     return f"t-{uuid.uuid4().hex[:10]}"
@@ -155,6 +161,27 @@ class Result:
 
 
 RunCli = Callable[..., Result]
+
+
+def error_line(result: Result, code: str, exit_status: int, program: str = "kappaflow") -> str:
+    """The one error line of a failed command: the last on stderr (after any progress
+    messages), ``PROGRAM: error[CODE]: …``, with exit status ``exit_status`` and no
+    traceback."""
+    assert "Traceback" not in result.err, result.err
+    lines = [line for line in result.err.splitlines() if line.startswith(f"{program}: error")]
+    assert len(lines) == 1, result.err
+    assert result.err.rstrip().endswith(lines[0])
+    assert lines[0].startswith(f"{program}: error[{code}]: "), lines[0]
+    assert result.code == exit_status, (result.code, lines[0])
+    return lines[0]
+
+
+def executable(path: Path, body: str) -> Path:
+    """A shell script at ``path`` (a stand-in for a program, such as an old ``java``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
 
 
 def run_kappaflow(

@@ -18,7 +18,15 @@ import click
 import pytest
 
 import kappaflow.cli
-from conftest import REPO, Result, RunCli, free_port, make_settings, run_kappaflow
+from conftest import (
+    REPO,
+    Result,
+    RunCli,
+    error_line,
+    executable,
+    free_port,
+    run_kappaflow,
+)
 from kappaflow import errors
 from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
@@ -37,32 +45,8 @@ UNTESTED = {
 }
 
 
-def error_line(result: Result, code: str, exit_status: int) -> str:
-    """The one stderr line of a failure with ``code``; checks the exit status too."""
-    assert "Traceback" not in result.err, result.err
-    lines = [line for line in result.err.splitlines() if line.startswith("kappaflow: error")]
-    assert len(lines) == 1, result.err
-    assert result.err.rstrip().endswith(lines[0])  # the last word, after any progress
-    assert lines[0].startswith(f"kappaflow: error[{code}]: "), lines[0]
-    assert result.code == exit_status, (result.code, lines[0])
-    return lines[0]
-
-
-@pytest.fixture
-def offline(tmp_path: Path) -> Settings:
-    """Settings whose services are not running."""
-    return make_settings(tmp_path / "state")
-
-
 def run(settings: Settings, *args: str, env: dict[str, str] | None = None) -> Result:
     return run_kappaflow(settings, *args, env=env, timeout=60)
-
-
-def script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return path
 
 
 # The catalogue.
@@ -193,7 +177,7 @@ def test_configuration_file(offline: Settings, tmp_path: Path) -> None:
 
 
 def test_java_that_cannot_say_its_version(offline: Settings, tmp_path: Path) -> None:
-    script(tmp_path / "jdk" / "bin" / "java", "exit 0")
+    executable(tmp_path / "jdk" / "bin" / "java", "exit 0")
     result = run(offline, "kafka", "start", env={"JAVA_HOME": str(tmp_path / "jdk")})
     assert "cannot read the version" in error_line(result, "KF201", 1)
 
@@ -222,18 +206,15 @@ def test_port_in_use(offline: Settings) -> None:
 
 
 def test_service_exits_during_start_up(offline: Settings, tmp_path: Path) -> None:
-    binary = script(tmp_path / "redis-server", "echo 'no such config'; exit 1")
+    binary = executable(tmp_path / "redis-server", "echo 'no such config'; exit 1")
     result = run(offline, "redis", "start", env={"KAPPAFLOW_REDIS__BINARY": str(binary)})
     assert "Redis exited during start-up" in error_line(result, "KF303", 1)
 
 
-# ManagedProcess.spawn detaches the service or driver and never waits for it, so its
-# Popen warns when collected; the process itself is stopped by the code under test.
-@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
 def test_service_does_not_answer_in_time(tmp_path: Path) -> None:
     from kappaflow.serving.redis_server import EmbeddedRedis
 
-    binary = script(tmp_path / "redis-server", "exec sleep 60")
+    binary = executable(tmp_path / "redis-server", "exec sleep 60")
     settings = load_settings(
         state_dir=tmp_path / "state", redis={"port": free_port(), "binary": binary}
     )
@@ -382,9 +363,6 @@ def test_job_lifecycle_errors(
         JobManager(kafka).stop(job, timeout=5)
 
 
-# ManagedProcess.spawn detaches the service or driver and never waits for it, so its
-# Popen warns when collected; the process itself is stopped by the code under test.
-@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
 def test_job_start_timeout(kafka: Settings, new_topic: Callable[..., str], topic_name: str) -> None:
     jobs = JobManager(kafka)
     params = {"source": new_topic(), "dest": f"{topic_name}-out"}

@@ -19,7 +19,7 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from conftest import REPO, Result, settings_env
+from conftest import REPO, Result, error_line, settings_env
 from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
@@ -244,30 +244,27 @@ def run_bench(settings: Settings, *args: str, timeout: float = 180) -> Result:
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def one_line_error(result: Result, code: int) -> str:
-    assert result.code == code, result.err
-    lines = [line for line in result.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("kappaflow-bench: error"), result.err
-    assert "Traceback" not in result.err
-    return lines[0]
+def misuse(result: Result, code: str) -> str:
+    """The one error line of ``kappaflow-bench`` misuse (exit status 2)."""
+    return error_line(result, code, 2, "kappaflow-bench")
 
 
 def test_bench_ysb_misuse(kafka: Settings, tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     base = ("ysb", "--rate", "100", "--duration", "5", "--out", out)
-    assert "storm" in one_line_error(run_bench(kafka, *base, "--engine", "storm"), 2)
-    line = one_line_error(run_bench(kafka, *base[:1], "--engine", "spark", "--out", out), 2)
+    assert "storm" in misuse(run_bench(kafka, *base, "--engine", "storm"), "KF001")
+    line = misuse(run_bench(kafka, *base[:1], "--engine", "spark", "--out", out), "KF001")
     assert "--rate" in line
     bad_rate = ("ysb", "--engine", "spark", "--rate", "0", "--duration", "5")
-    assert "--rate" in one_line_error(run_bench(kafka, *bad_rate, "--out", out), 2)
+    assert "--rate" in misuse(run_bench(kafka, *bad_rate, "--out", out), "KF001")
     warm = run_bench(kafka, *base, "--engine", "spark", "--warmup", "90")
-    assert "--warmup" in one_line_error(warm, 2)
+    assert "--warmup" in misuse(warm, "KF001")
     sweep = ("ysb-sweep", "--out", out)
-    assert "storm" in one_line_error(run_bench(kafka, *sweep, "--engines", "flink,storm"), 2)
-    assert "--rates" in one_line_error(run_bench(kafka, *sweep, "--rates", "2000,1000"), 2)
-    assert "--rates" in one_line_error(run_bench(kafka, *sweep, "--rates", "1000,x"), 2)
+    assert "storm" in misuse(run_bench(kafka, *sweep, "--engines", "flink,storm"), "KF001")
+    assert "--rates" in misuse(run_bench(kafka, *sweep, "--rates", "2000,1000"), "KF001")
+    assert "--rates" in misuse(run_bench(kafka, *sweep, "--rates", "1000,x"), "KF001")
     twice = run_bench(kafka, *sweep, "--engines", "quix,quix")
-    assert "twice" in one_line_error(twice, 2)
+    assert "twice" in misuse(twice, "KF001")
     assert not (tmp_path / "out").exists()
 
 

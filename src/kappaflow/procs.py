@@ -11,9 +11,8 @@ import contextlib
 import enum
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -41,18 +40,6 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
-#: Processes this one spawned and does not wait for: services and job drivers outlive the
-#: call that started them and are found again by pid file. Held so that Python does not
-#: warn that a process it lost track of still runs; polled so that those that ended are
-#: reaped instead of left as zombies.
-_SPAWNED: list[subprocess.Popen[bytes]] = []
-
-
-def _detached(proc: subprocess.Popen[bytes]) -> None:
-    _SPAWNED[:] = [p for p in _SPAWNED if p.poll() is None]
-    _SPAWNED.append(proc)
 
 
 class ProcState(enum.StrEnum):
@@ -102,26 +89,30 @@ class ManagedProcess:
         argv: Sequence[str],
         *,
         log_file: Path,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> int:
-        """Start ``argv`` in a new session, output appended to ``log_file``; record its pid."""
+        """Start ``argv`` in a new session, output appended to ``log_file``; record its pid.
+
+        The process outlives the call and is found again by its pid file, so no Popen
+        object keeps track of it (one would warn, when collected, that its process still
+        runs). A session of its own: Ctrl-C in the starting terminal must not reach it.
+        """
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "ab") as log:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=cwd,
-                # A session of its own: Ctrl-C in the starting terminal must not reach it.
-                start_new_session=True,
-            )
-        self.pid_file.write_text(f"{proc.pid}\n")
-        _detached(proc)
-        return proc.pid
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        pid = os.posix_spawnp(
+            argv[0],
+            list(argv),
+            dict(os.environ if env is None else env),
+            file_actions=actions,
+            setsid=True,
+        )
+        self.pid_file.write_text(f"{pid}\n")
+        return pid
 
     @staticmethod
     def exited(pid: int) -> bool:

@@ -207,6 +207,8 @@ def run_processes(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
     return total
 
 

@@ -151,3 +151,18 @@ def test_a_session_is_merged_final_corrected_forgotten_and_then_too_late(
         ("/c", at(15_000), 1),
         ("/d", at(25_000), 1),
     }
+
+    # A long session keeps its ids as long as it is held: /e's views from 16 s to 32 s
+    # make one session [16 s, 35 s) and move the watermark to 31 s, and a view at 33 s
+    # keeps the session growing; a repeat of its first view, now more than the allowed
+    # lateness behind the watermark but inside a session that can still change, is a
+    # duplicate.
+    chain = [view("/e", at, 10 + n) for n, at in enumerate(range(16_000, 34_000, 2000))]
+    send(serving, source, chain)
+    wait_stats(serving, job, accounted=18)
+    send(serving, source, [view("/e", 33_000, 20)])
+    wait_stats(serving, job, accounted=19)
+    send(serving, source, [chain[0]])
+    final = wait_stats(serving, job, accounted=20)
+    assert (final.counted, final.duplicates, final.late) == (17, 1, 2)
+    assert {s: w.count for s, w in sessions(serving, job, "/e").items()} == {16_000: 10}

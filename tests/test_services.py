@@ -1,4 +1,5 @@
-"""Redis and `kappaflow up | down | status`, on services of their own."""
+"""Redis, `kappaflow setup`, `up | down | status` and the global flags, on services of
+their own."""
 
 from __future__ import annotations
 
@@ -7,11 +8,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pyarrow as pa
 import pytest
 import redis
 
-from conftest import EXTERNAL_KAFKA, is_loopback, make_settings, run_kappaflow
-from kappaflow import services
+from conftest import (
+    EXTERNAL_KAFKA,
+    JARS,
+    Result,
+    error_line,
+    free_port,
+    is_loopback,
+    make_settings,
+    run_kappaflow,
+)
+from kappaflow import __version__, services
+from kappaflow.counting.spec import CountSpec
+from kappaflow.counting.store import CountStore
+from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
@@ -94,3 +108,88 @@ def test_external_services_are_not_managed(own: Settings) -> None:
     refused = run_kappaflow(own, "kafka", "start", env=env)
     assert refused.code == 1
     assert "external" in refused.err
+
+
+def test_setup_again_finds_everything_in_place(own: Settings) -> None:
+    """With the suite's jars resolved and built, setup checks, resolves nothing, builds
+    nothing and fetches no Maven: a second run says the same as the first."""
+    made = [*JARS.glob("*/.resolved"), *JARS.glob("localfs/*")]
+    before = {path: path.stat().st_mtime_ns for path in made}
+    runs = [run_kappaflow(own, "setup", timeout=120) for _ in range(2)]
+    for result in runs:
+        assert result.code == 0, result.err
+        java, found, ready = result.err.splitlines()  # nothing resolved, nothing built
+        assert java.startswith("java ") and found.startswith("redis-server at ")
+        assert ready == f"jars ready in {JARS}"
+        assert result.out == ""
+    assert runs[0].err == runs[1].err
+    assert {path: path.stat().st_mtime_ns for path in made} == before
+    assert not (own.state_dir / "tools").exists()  # no Maven fetched
+
+
+def test_redis_commands_and_the_global_flags(own: Settings, tmp_path: Path) -> None:
+    version = run_kappaflow(own, "--version")
+    assert (version.code, version.out) == (0, f"kappaflow, version {__version__}\n")
+
+    # --state-dir wins over KAPPAFLOW_STATE_DIR, which run_kappaflow sets to own's.
+    state = tmp_path / "flagged"
+    url = own.redis.effective_url
+
+    def managed(*args: str) -> Result:
+        return run_kappaflow(own, "--state-dir", str(state), *args)
+
+    def status() -> dict[str, object]:
+        shown = managed("redis", "status", "--json")
+        assert shown.code == 0, shown.err
+        row: dict[str, object] = json.loads(shown.out)
+        return row
+
+    assert status() == {"state": "stopped", "pid": None, "url": url, "started_at": None}
+    try:
+        started = managed("redis", "start")
+        assert (started.code, started.err) == (0, f"redis started on {url}\n")
+        running = status()
+        assert running["state"] == "running" and running["started_at"]
+        assert (state / "redis" / "redis.pid").read_text().split()[0] == str(running["pid"])
+        assert not (own.state_dir / "redis").exists()
+        assert managed("redis", "start").err == f"redis already running on {url}\n"
+
+        # That Redis, given by URL from another state directory, is external: used,
+        # never started or stopped.
+        other = tmp_path / "other"
+
+        def external(*args: str, at: str = url) -> Result:
+            return run_kappaflow(own, "--state-dir", str(other), "--redis-url", at, *args)
+
+        for command in ("start", "stop", "status"):
+            assert "Redis is external" in error_line(external("redis", command), "KF305", 1)
+        rows = [json.loads(line) for line in external("status", "--json").lines()]
+        assert rows[1] == {"service": "redis", "state": "external", "address": url, "pid": None}
+        down = external("down")
+        assert (down.code, down.err) == (0, "kafka was not running\n")
+        assert status() == running
+
+        spec = CountSpec(source="views", key_field="page", time_field="ts", window_ms=60_000)
+        home = JobManager(own.model_copy(update={"state_dir": other})).job_dir("views")
+        home.mkdir(parents=True)
+        JobRecord(name="views", pipeline="count", params=spec.to_params()).save(home / "job.json")
+        window = {"key": ["/a"], "window_start": [0], "window_end": [60_000], "count": [3]}
+        CountStore(redis.Redis.from_url(url), "views").apply(
+            0,
+            pa.table({**window, "version": [1], "final": [True]}),
+            {},
+            {"counted": 3, "duplicates": 0, "late": 0, "dead_letters": 0, "watermark": 0},
+        )
+        counted = external("counts", "views")
+        assert counted.code == 0, counted.err
+        assert [json.loads(line)["count"] for line in counted.lines()] == [3]
+        nowhere = f"redis://127.0.0.1:{free_port()}/0"
+        refused = error_line(external("counts", "views", at=nowhere), "KF306", 1)
+        assert nowhere in refused and "check redis.url" in refused
+
+        stopped = managed("redis", "stop")
+        assert (stopped.code, stopped.err) == (0, "redis stopped\n")
+        assert managed("redis", "stop").err == "redis was not running\n"
+        assert status() == {"state": "stopped", "pid": None, "url": url, "started_at": None}
+    finally:
+        EmbeddedRedis(own.model_copy(update={"state_dir": state})).stop()

@@ -172,8 +172,13 @@ class SessionCounter(StatefulProcessor):
 
     def _save(self, sessions: pd.DataFrame, ids: pd.DataFrame, watermark: int) -> None:
         """Keep what may still change; wake up when the next session is due."""
-        # An id older than this can only come back as a late event, never counted.
-        ids = ids[ids["ts"] >= watermark - self.lateness_ms - self.gap_ms]
+        # An id older than this can come back only as a late event, never counted, unless
+        # it touches a session still held: a session that keeps growing takes in events
+        # however far behind the watermark, so its ids stay as long as it does.
+        horizon = watermark - self.lateness_ms - self.gap_ms
+        if not sessions.empty:
+            horizon = min(horizon, int(sessions["start"].min()) - self.gap_ms)
+        ids = ids[ids["ts"] >= horizon]
         if sessions.empty:
             self.state.clear()
             return

@@ -21,7 +21,7 @@ import psutil
 
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
-from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
@@ -62,7 +62,7 @@ class ScaleResult:
     max_window_keys: int = 0
     last_window_keys: int = 0
     max_rss_bytes: int = 0
-    job_state: str = ""
+    job_state: JobState = JobState.ABSENT
     samples: list[ScaleSample] = field(default_factory=list)
 
 
@@ -127,7 +127,7 @@ def run_scale(
         )
     finally:
         result.job_state = jobs.get_state(name)
-        if result.job_state == "running":
+        if result.job_state is JobState.RUNNING:
             jobs.stop(name)
         processed = _processed(store)
         clean_up(settings, [topic], [name])

@@ -9,23 +9,28 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Final, Literal
 
 from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
+
+#: A service kappaflow does not run: configured to be reached at an address.
+EXTERNAL: Final = "external"
 
 
 @dataclass(frozen=True)
 class ServiceRow:
     service: str
-    state: str
+    state: ProcState | Literal["external"]
     address: str
     pid: int | None
 
     def as_dict(self) -> dict[str, object]:
         return {
             "service": self.service,
-            "state": self.state,
+            "state": str(self.state),
             "address": self.address,
             "pid": self.pid,
         }
@@ -84,12 +89,12 @@ def status(settings: Settings) -> list[ServiceRow]:
     rows: list[ServiceRow] = []
     if settings.kafka.embedded:
         broker = EmbeddedBroker(settings).status()
-        rows.append(ServiceRow("kafka", broker.state.value, broker.bootstrap, broker.pid))
+        rows.append(ServiceRow("kafka", broker.state, broker.bootstrap, broker.pid))
     else:
-        rows.append(ServiceRow("kafka", "external", settings.kafka.bootstrap, None))
+        rows.append(ServiceRow("kafka", EXTERNAL, settings.kafka.bootstrap, None))
     if settings.redis.embedded:
         store = EmbeddedRedis(settings).status()
-        rows.append(ServiceRow("redis", store.state.value, store.url, store.pid))
+        rows.append(ServiceRow("redis", store.state, store.url, store.pid))
     else:
-        rows.append(ServiceRow("redis", "external", settings.redis.effective_url, None))
+        rows.append(ServiceRow("redis", EXTERNAL, settings.redis.effective_url, None))
     return rows

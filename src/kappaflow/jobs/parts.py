@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,22 +40,31 @@ def write_part_state(home: Path, part: str, state: JobState, error: str | None =
     write_atomically(home / f"{part}.json", json.dumps(record) + "\n")
 
 
-def read_part_state(home: Path, part: str) -> dict[str, Any]:
-    """The part's record (``state``, ``pid``, ``error``); ``state`` None before it wrote one."""
+@dataclass(frozen=True)
+class PartRecord:
+    """What a part's driver recorded: its state (None before it wrote one), pid, error."""
+
+    state: JobState | None = None
+    pid: int | None = None
+    error: str | None = None
+
+
+def read_part_state(home: Path, part: str) -> PartRecord:
+    """The part's record; an empty one before the part wrote any."""
     try:
         loaded: dict[str, Any] = json.loads((home / f"{part}.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
-        return {"state": None, "pid": None, "error": None}
-    return loaded
+        return PartRecord()
+    state = loaded.get("state")
+    return PartRecord(JobState(state) if state else None, loaded.get("pid"), loaded.get("error"))
 
 
 def part_state(home: Path, part: str) -> JobState:
     """What a part is doing: its recorded state, or ``CRASHED`` when it recorded running
     but its process is gone; ``ABSENT`` when it never started."""
-    recorded = read_part_state(home, part).get("state")
-    if recorded is None:
+    state = read_part_state(home, part).state
+    if state is None:
         return JobState.ABSENT
-    state = JobState(recorded)
     if (
         state is JobState.RUNNING
         and part_process(home, part).status().state is not ProcState.RUNNING
@@ -97,7 +107,7 @@ class PartProcesses:
             )
 
     def _running(self, name: str) -> bool | None:
-        if read_part_state(self.home, name).get("state") == JobState.RUNNING:
+        if read_part_state(self.home, name).state is JobState.RUNNING:
             return True
         failure = self._failure(name)
         if failure is not None:
@@ -116,11 +126,11 @@ class PartProcesses:
         if part_process(self.home, name).status().state is ProcState.RUNNING:
             return None
         recorded = read_part_state(self.home, name)
-        if recorded.get("error"):
-            return f"part {name} failed: {recorded['error']}"
+        if recorded.error:
+            return f"part {name} failed: {recorded.error}"
         last = tail(self.home / f"{name}.log", 1)
         return (
-            f"part {name} exited ({recorded.get('state') or 'before it ran'}): "
+            f"part {name} exited ({recorded.state or 'before it ran'}): "
             f"{last[-1] if last else '?'} (log: {self.home / f'{name}.log'})"
         )
 

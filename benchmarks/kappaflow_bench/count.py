@@ -70,7 +70,7 @@ class CountBenchResult:
 #: Seconds a latency run sends at its rate before it starts measuring.
 WARM_SECONDS = 60.0
 #: The benchmark's measurements, in the order it runs them; a run may pick some.
-PARTS = ("ceiling", "throughput", "sustained", "latency", "realtime")
+MEASUREMENTS = ("ceiling", "throughput", "sustained", "latency", "realtime")
 
 
 def event(rng: random.Random, n: int, keys: int, ts: int) -> bytes:
@@ -353,41 +353,41 @@ def run(
     latency_seconds: float,
     out_dir: Path,
     overrides: SettingsOverrides,
-    parts: tuple[str, ...] = PARTS,
+    measure: tuple[str, ...] = MEASUREMENTS,
 ) -> CountBenchResult:
-    """The measurements named in ``parts`` (all by default); the others stay empty."""
-    unknown = sorted(set(parts) - set(PARTS))
+    """The measurements named in ``measure`` (all by default); the others stay empty."""
+    unknown = sorted(set(measure) - set(MEASUREMENTS))
     if unknown:
-        raise ConfigError(f"unknown benchmark parts {unknown}; known: {', '.join(PARTS)}")
+        raise ConfigError(f"unknown measurements {unknown}; known: {', '.join(MEASUREMENTS)}")
     result = CountBenchResult(
         events=events, keys=keys, event_bytes=len(event(random.Random(0), 0, keys, 0))
     )
-    result.machine = {**machine(), "parts": list(parts)}
-    if "ceiling" in parts or "throughput" in parts:
+    result.machine = {**machine(), "measured": list(measure)}
+    if "ceiling" in measure or "throughput" in measure:
         topic = f"bench.count.{uuid.uuid4().hex[:6]}"
         create_topic(settings.kafka, topic, partitions=DEFAULT_PARTITIONS)
         result.produce_rate = produce_backlog(settings, topic, events, keys)
-        if "ceiling" in parts:
+        if "ceiling" in measure:
             result.ceiling_consumer_rate = ceiling_consumer(settings, topic, events)
             result.ceiling_spark_rate = ceiling_spark(settings, topic)
-        if "throughput" in parts:
+        if "throughput" in measure:
             result.throughput_rate, result.throughput_seconds = measure_throughput(
                 settings, topic, events, overrides
             )
         clean_up(settings, [topic], [])
-    if "sustained" in parts:
+    if "sustained" in measure:
         result.sustained_rate, result.sustained_seconds = measure_sustained(
             settings, events, keys, overrides
         )
     samples: list[float] = []
-    if "latency" in parts:
+    if "latency" in measure:
         samples = measure_latency(settings, latency_rate, latency_seconds, keys, overrides)
         result.latency_rate, result.latency_seconds = latency_rate, latency_seconds
         result.latency_samples = len(samples)
         result.latency_p50_s = percentile(samples, 50)
         result.latency_p99_s = percentile(samples, 99)
     realtime_ms: list[float] = []
-    if "realtime" in parts:
+    if "realtime" in measure:
         realtime_ms = measure_realtime_latency(
             settings, latency_rate, latency_seconds, keys, overrides
         )

@@ -23,7 +23,7 @@ def test_the_product_has_no_benchmarks(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_misuse_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["count", "--parts", "ceiling,warp"]) == 2
+    assert main(["count", "--measure", "ceiling,warp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kappaflow-bench: error[KF001]: "), err
-    assert "warp" in err[0] and "--parts" in err[0]
+    assert "warp" in err[0] and "--measure" in err[0]

@@ -17,7 +17,7 @@ from kappaflow.cli.output import say, table
 @click.option("--latency-rate", default=20_000, show_default=True, help="events/s, steady")
 @click.option("--latency-seconds", default=60.0, show_default=True)
 @click.option(
-    "--parts",
+    "--measure",
     default="all",
     show_default=True,
     help="comma-separated: ceiling, throughput, sustained, latency, realtime",
@@ -36,17 +36,22 @@ def count(
     keys: int,
     latency_rate: int,
     latency_seconds: float,
-    parts: str,
+    measure: str,
     out_dir: Path,
 ) -> None:
     """Counting throughput (1-minute windows) and latency, with the read ceiling."""
-    from kappaflow_bench.count import PARTS, run
+    from kappaflow_bench.count import MEASUREMENTS, run
 
-    chosen = PARTS if parts == "all" else tuple(p.strip() for p in parts.split(",") if p.strip())
-    unknown = sorted(set(chosen) - set(PARTS))
+    chosen = (
+        MEASUREMENTS
+        if measure == "all"
+        else tuple(m.strip() for m in measure.split(",") if m.strip())
+    )
+    unknown = sorted(set(chosen) - set(MEASUREMENTS))
     if unknown or not chosen:
         raise click.BadParameter(
-            f"{', '.join(unknown) or 'nothing'}: pick from {', '.join(PARTS)}", param_hint="--parts"
+            f"{', '.join(unknown) or 'nothing'}: pick from {', '.join(MEASUREMENTS)}",
+            param_hint="--measure",
         )
     with svc.embedded_services(ctx.settings, say):
         result = run(
@@ -57,7 +62,7 @@ def count(
             latency_seconds=latency_seconds,
             out_dir=out_dir,
             overrides=ctx.overrides,
-            parts=chosen,
+            measure=chosen,
         )
     table(
         "counting benchmark",

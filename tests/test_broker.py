@@ -16,8 +16,9 @@ from kappaflow.errors import ServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.records import StartAt, produce_lines, read_records
 from kappaflow.kafka.topics import create_topic, list_topics
-from kappaflow.procs import ProcState, wait_for
+from kappaflow.procs import ProcState
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 
 pytestmark = [
     pytest.mark.integration,

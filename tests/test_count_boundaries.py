@@ -14,8 +14,8 @@ from conftest import RunCli, error_line, make_settings, run_kappaflow
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore, WindowCount
 from kappaflow.jobs.manager import JobManager, JobRecord
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 from test_counting import (
     BASE,
     job_name,  # noqa: F401 (a fixture, the job's name: see its use)

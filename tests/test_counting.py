@@ -29,10 +29,10 @@ from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import list_topics, topic_partitions
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
 from kappaflow.spark.checkpoint import committed, offsets_consumed
 from kappaflow.timeutil import from_epoch_ms, iso
+from kappaflow.waiting import wait_for
 
 SUPPORT = Path(__file__).resolve().parent / "support"
 TIME_REFUSED = "time field 'ts' is not epoch milliseconds or ISO-8601 with a zone"

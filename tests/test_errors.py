@@ -151,7 +151,7 @@ def test_what_the_cli_did_not_expect_still_has_a_code(
 def test_a_timeout_has_a_code_and_is_still_a_timeout_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kappaflow.procs import wait_for
+    from kappaflow.waiting import wait_for
 
     with pytest.raises(TimeoutError) as caught:
         wait_for(lambda: None, timeout=0.2, interval=0.05, what="nothing")

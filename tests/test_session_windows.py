@@ -16,9 +16,9 @@ import redis
 
 from conftest import RunCli
 from kappaflow.counting.store import CountStore, WindowCount
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
+from kappaflow.waiting import wait_for
 from test_counting import (
     BASE,
     changelog,

@@ -21,10 +21,11 @@ from kappaflow.errors import JobError
 from kappaflow.install.localfs import local_fs_jar
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.procs import ManagedProcess, wait_for
+from kappaflow.procs import ManagedProcess
 from kappaflow.settings import Settings, SettingsOverrides, load_settings
 from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
 from kappaflow.spark.session import REAL_TIME_CONF, real_time_spark, session_conf
+from kappaflow.waiting import wait_for
 
 
 def _values(settings: Settings, topic: str) -> list[dict[str, object]]:

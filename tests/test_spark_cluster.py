@@ -18,8 +18,8 @@ from confluent_kafka import Producer
 
 from conftest import RunCli, free_port, start_clean_job
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 
 # Starts services of its own.
 pytestmark = pytest.mark.integration

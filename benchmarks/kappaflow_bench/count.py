@@ -34,9 +34,9 @@ from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic, list_topics
-from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
+from kappaflow.waiting import wait_for
 from kappaflow_bench.report import machine, percentile, write_json
 
 PAD = "x" * 200  # brings an event to ~250 bytes of JSON

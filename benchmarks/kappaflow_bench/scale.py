@@ -25,9 +25,9 @@ from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
-from kappaflow.procs import wait_for
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
+from kappaflow.waiting import wait_for
 from kappaflow_bench.count import PAD, clean_up
 from kappaflow_bench.report import write_json
 

@@ -21,8 +21,8 @@ from confluent_kafka import Producer
 
 from conftest import REPO, Result, error_line, settings_env
 from kappaflow.kafka.topics import list_topics
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 from kappaflow_bench.report import percentile
 from kappaflow_bench.ysb.check import compare, expected_counts, read_all
 from kappaflow_bench.ysb.generator import generate, run_processes

@@ -12,34 +12,14 @@ import enum
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 
-from kappaflow.errors import ProcessStopError, WaitTimeoutError
-
-T = TypeVar("T")
-
-
-def wait_for(
-    check: Callable[[], T | None],
-    *,
-    timeout: float,
-    interval: float = 0.2,
-    what: str,
-) -> T:
-    """Call ``check`` until it returns something other than ``None``; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+from kappaflow.errors import ProcessStopError
+from kappaflow.waiting import wait_for
 
 
 class ProcState(enum.StrEnum):

@@ -21,8 +21,8 @@ from typing import Any
 
 from kappaflow.errors import ConfigError, TopicNotFoundError
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings, SettingsOverrides
+from kappaflow.waiting import wait_for
 from kappaflow_bench.report import machine
 from kappaflow_bench.ysb.check import compare, expected_counts
 from kappaflow_bench.ysb.engines import AppEngine, Engine, FlinkEngine, QuixEngine, SparkEngine

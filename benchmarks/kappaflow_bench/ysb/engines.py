@@ -24,8 +24,8 @@ from kappaflow.errors import JobError, SetupError, TopicNotFoundError
 from kappaflow.install.artifacts import JarSet, resolve
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
-from kappaflow.procs import wait_for
 from kappaflow.settings import Settings, SettingsOverrides
+from kappaflow.waiting import wait_for
 
 #: The Quix Streams release the peer runs, in a virtual environment of its own.
 QUIX_VERSION = "3.28.1"

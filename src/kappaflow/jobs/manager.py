@@ -32,10 +32,11 @@ from kappaflow.errors import (
     JobStartTimeoutError,
 )
 from kappaflow.jobs.pipeline import load_pipeline
-from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
+from kappaflow.procs import ManagedProcess, ProcState, tail
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.environment import spark_environment
 from kappaflow.timeutil import iso
+from kappaflow.waiting import wait_for
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 #: How long ``start`` waits for a job to run: its driver's own start (a JVM, the session,

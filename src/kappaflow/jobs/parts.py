@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import JobStartError
 from kappaflow.jobs.manager import JobState, write_atomically
-from kappaflow.procs import ManagedProcess, ProcState, tail, wait_for
+from kappaflow.procs import ManagedProcess, ProcState, tail
+from kappaflow.waiting import wait_for
 
 if TYPE_CHECKING:
     from kappaflow.jobs.pipeline import Part

@@ -22,8 +22,9 @@ from kappaflow.errors import (
 )
 from kappaflow.install.artifacts import kafka_broker_jars
 from kappaflow.install.java import find_java
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail, wait_for
+from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0

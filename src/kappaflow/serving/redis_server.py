@@ -19,8 +19,9 @@ from kappaflow.errors import (
     ServiceStartTimeoutError,
     StateDirError,
 )
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail, wait_for
+from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
+
 from kappaflow.errors import ServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.records import StartAt, produce_lines, read_records

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
-
 from conftest import RunCli, error_line, make_settings, run_kappaflow
+
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore, WindowCount
 from kappaflow.jobs.manager import JobManager, JobRecord

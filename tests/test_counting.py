@@ -19,9 +19,9 @@ import psutil
 import pytest
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
+from conftest import Result, RunCli, run_kappaflow
 from faults import CRASH_AT, CRASH_RECORD
 
-from conftest import Result, RunCli, run_kappaflow
 from kappaflow.counting.sink import STEPS
 from kappaflow.counting.spec import QUERY, CountSpec
 from kappaflow.counting.store import CountStats, CountStore

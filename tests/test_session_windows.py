@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-
 from conftest import RunCli
+
 from kappaflow.counting.store import CountStore, WindowCount
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso

@@ -13,10 +13,10 @@ from typing import Any
 import psutil
 import pytest
 from confluent_kafka import Producer
+from conftest import RunCli, is_loopback, start_clean_job
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from conftest import RunCli, is_loopback, start_clean_job
 from kappaflow.errors import JobError
 from kappaflow.install.localfs import local_fs_jar
 from kappaflow.jobs.manager import JobManager

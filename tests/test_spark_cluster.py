@@ -15,8 +15,8 @@ from typing import Any
 import pyspark
 import pytest
 from confluent_kafka import Producer
-
 from conftest import RunCli, free_port, start_clean_job
+
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for

@@ -18,8 +18,8 @@ import psutil
 import pytest
 import redis
 from confluent_kafka import Producer
-
 from conftest import REPO, Result, error_line, settings_env
+
 from kappaflow.kafka.topics import list_topics
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for

@@ -10,7 +10,7 @@ import click
 
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import say, table
-from kappaflow.errors import ConfigError
+from kappaflow.errors import CommandLineError, KappaflowError
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS
 from kappaflow.services import embedded_services
 
@@ -92,7 +92,7 @@ def ysb(
     table(f"YSB {engine} / {sink}", ["measure", "value"], result.summary_rows())
     say(f"wrote {out_dir}/result.json, seen.txt, updated.txt, latency.png")
     if result.mismatched_windows:
-        raise click.ClickException(
+        raise KappaflowError(
             f"{result.mismatched_windows} windows do not match the events in Kafka "
             f"(see {out_dir / 'result.json'})"
         )
@@ -102,7 +102,9 @@ def _ints(option: str, text: str) -> list[int]:
     try:
         return [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ConfigError(f"{option} {text!r} is not a comma-separated list of integers") from None
+        raise CommandLineError(
+            f"{option} {text!r} is not a comma-separated list of integers"
+        ) from None
 
 
 @click.command("ysb-sweep")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kappaflow.errors import ConfigError, TopicNotFoundError
+from kappaflow.errors import CommandLineError, TopicNotFoundError
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.waiting import wait_for
@@ -74,23 +74,23 @@ class RunSpec:
     def validate(self) -> None:
         if self.engine not in ENGINES:
             known = ", ".join(sorted(ENGINES))
-            raise ConfigError(f"unknown engine {self.engine!r} ({known})")
+            raise CommandLineError(f"unknown engine {self.engine!r} ({known})")
         if self.sink not in SINKS:
-            raise ConfigError(f"unknown sink {self.sink!r}: redis or kafka")
+            raise CommandLineError(f"unknown sink {self.sink!r}: redis or kafka")
         if self.rate < 1:
-            raise ConfigError("--rate must be at least 1 event per second")
+            raise CommandLineError("--rate must be at least 1 event per second")
         if self.duration_s <= 0:
-            raise ConfigError("--duration must be positive")
+            raise CommandLineError("--duration must be positive")
         if self.processes < 1 or self.partitions < 1:
-            raise ConfigError("--processes and --partitions must be at least 1")
+            raise CommandLineError("--processes and --partitions must be at least 1")
         if self.aggregate is not None and (self.engine, self.sink) != ("spark", "redis"):
-            raise ConfigError("--aggregate applies to --engine spark with --sink redis only")
+            raise CommandLineError("--aggregate applies to --engine spark with --sink redis only")
         if self.aggregate not in (None, "batch", "state"):
-            raise ConfigError(f"unknown aggregate {self.aggregate!r}: batch or state")
+            raise CommandLineError(f"unknown aggregate {self.aggregate!r}: batch or state")
         if self.rt_batch_s is not None and (self.engine != "spark-rt" or self.rt_batch_s < 1):
-            raise ConfigError("--rt-batch applies to --engine spark-rt and is at least 1 s")
+            raise CommandLineError("--rt-batch applies to --engine spark-rt and is at least 1 s")
         if not 0 <= self.warmup_s <= 60:
-            raise ConfigError("--warmup must be between 0 and 60 seconds")
+            raise CommandLineError("--warmup must be between 0 and 60 seconds")
 
 
 def spark_overrides(settings: Settings, spec: RunSpec) -> SettingsOverrides:

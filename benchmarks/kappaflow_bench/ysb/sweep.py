@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kappaflow.errors import ConfigError, KappaflowError
+from kappaflow.errors import CommandLineError, KappaflowError
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow_bench.report import machine, write_json
 from kappaflow_bench.ysb.bench import ENGINES, RunSpec, run
@@ -140,11 +140,11 @@ def validate(engines: Sequence[str], rates: Sequence[int], base: RunSpec) -> Non
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:
         known = ", ".join(ENGINES)
-        raise ConfigError(f"unknown engine {', '.join(unknown) or '(none)'}: {known}")
+        raise CommandLineError(f"unknown engine {', '.join(unknown) or '(none)'}: {known}")
     if len(set(engines)) != len(engines):
-        raise ConfigError("--engines names an engine twice")
+        raise CommandLineError("--engines names an engine twice")
     if not rates or any(r < 1 for r in rates) or list(rates) != sorted(set(rates)):
-        raise ConfigError("--rates must be rising rates of at least 1 event/s")
+        raise CommandLineError("--rates must be rising rates of at least 1 event/s")
     for engine in engines:
         replace(base, engine=engine, rate=rates[0]).validate()
 

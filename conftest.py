@@ -27,7 +27,7 @@ from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings, load_settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parent
 JARS = Path(os.environ.get("KAPPAFLOW_TEST_JARS_DIR", REPO / ".kappaflow" / "jars"))
 EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
 

@@ -13,6 +13,7 @@ from kappaflow.counting.store import CountStore
 from kappaflow.errors import NotACountJobError
 from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.jobs.pipeline import pipeline_target
+from kappaflow.kafka.topics import topic_partitions
 from kappaflow.serving.client import redis_client
 
 PIPELINE = "count"
@@ -93,7 +94,9 @@ def start(
         realtime=realtime,
         available_now=available_now,
     )
-    redis_client(ctx.settings)  # fail here, not in the background, if Redis is down
+    # Fail here, not in the background: Redis down or the source missing starts no job.
+    redis_client(ctx.settings)
+    topic_partitions(ctx.settings.kafka, source)
     record = JobManager(ctx.settings).start(
         name, PIPELINE, spec.to_params(), overrides=ctx.overrides, config_file=ctx.config_file
     )

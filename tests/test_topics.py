@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 
 from conftest import RunCli
+
 from kappaflow.settings import Settings
 
 
@@ -40,6 +42,9 @@ def test_create_describe_list_delete(cli: RunCli, topic_name: str) -> None:
 
 def test_create_twice(cli: RunCli, topic_name: str) -> None:
     assert cli("topics", "create", topic_name).code == 0
+    # Without --partitions: one per core of this machine.
+    described = json.loads(cli("topics", "describe", topic_name).out)
+    assert len(described["partitions"]) == (os.cpu_count() or 1)
     again = cli("topics", "create", topic_name)
     assert again.code == 1
     assert "already exists" in again.err

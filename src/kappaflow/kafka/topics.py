@@ -44,7 +44,7 @@ def create_topic(
     kafka: KafkaSettings,
     name: str,
     *,
-    partitions: int = 1,
+    partitions: int = DEFAULT_PARTITIONS,
     replication_factor: int = 1,
     configs: dict[str, str] | None = None,
     exist_ok: bool = False,

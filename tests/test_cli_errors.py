@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import error_line, executable, free_port, run_kappaflow
+
 from kappaflow.settings import Settings
 
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
+
 from kappaflow import services
 from kappaflow.counting.store import CountStore
 from kappaflow.jobs.manager import JobManager

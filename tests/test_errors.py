@@ -16,8 +16,6 @@ from typing import Any, cast
 
 import click
 import pytest
-
-import kappaflow.cli
 from conftest import (
     REPO,
     Result,
@@ -27,6 +25,8 @@ from conftest import (
     free_port,
     run_kappaflow,
 )
+
+import kappaflow.cli
 from kappaflow import errors
 from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState

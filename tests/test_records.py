@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from confluent_kafka import Producer
-
 from conftest import RunCli
+
 from kappaflow.settings import Settings
 from kappaflow.timeutil import iso, to_epoch_ms
 

@@ -11,7 +11,6 @@ import psutil
 import pyarrow as pa
 import pytest
 import redis
-
 from conftest import (
     EXTERNAL_KAFKA,
     JARS,
@@ -22,6 +21,7 @@ from conftest import (
     make_settings,
     run_kappaflow,
 )
+
 from kappaflow import __version__, services
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore

@@ -82,8 +82,11 @@ def test_codes_are_unique_and_in_their_subsystems_hundred() -> None:
 
 
 def test_every_code_is_asserted_by_a_test() -> None:
-    tested = set(re.findall(r'"(KF\d{3})"', (TESTS / "test_errors.py").read_text()))
-    tested |= set(re.findall(r'"(KF\d{3})"', (TESTS / "test_cli_errors.py").read_text()))
+    tested = {
+        code
+        for module in TESTS.glob("test_*.py")
+        for code in re.findall(r'"(KF\d{3})"', module.read_text())
+    }
     tested -= set(UNTESTED)
     assert set(errors.catalogue()) - set(UNTESTED) == tested
 
@@ -101,6 +104,7 @@ def test_every_code_is_asserted_by_a_test() -> None:
         (errors.KafkaClusterError, "KF400"),
         (errors.InputError, "KF500"),
         (errors.JobError, "KF600"),
+        (errors.StreamError, "KF700"),
     ],
 )
 def test_subsystem_codes(
@@ -118,7 +122,7 @@ def test_subsystem_codes(
     monkeypatch.setattr(kappaflow.cli, "cli", fails)
     status = kappaflow.cli.main([])
     assert capsys.readouterr().err == f"kappaflow: error[{code}]: from a plugin\n"
-    assert status == (2 if cls is errors.ConfigError else 1)
+    assert status == cls.exit_code
 
 
 @pytest.mark.parametrize(

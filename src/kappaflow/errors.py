@@ -383,6 +383,16 @@ class PartialBatchError(JobError):
     code = "KF614"
 
 
+# KF7xx: jobs written on the job API (kappaflow.streams): their schemas, windows, sinks.
+
+
+class StreamError(KappaflowError, ValueError):
+    """A job written on the job API is wrong: its declaration, schema, windows or sinks."""
+
+    code = "KF700"
+    exit_code = 2
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

@@ -29,13 +29,13 @@ demo: setup
 	$(BIN)/kappaflow --state-dir $(STATE_DIR) demo
 
 lint: $(VENV_STAMP)
-	$(BIN)/ruff check src tests benchmarks conftest.py
-	$(BIN)/ruff format --check src tests benchmarks conftest.py
+	$(BIN)/ruff check src tests benchmarks examples conftest.py
+	$(BIN)/ruff format --check src tests benchmarks examples conftest.py
 	$(BIN)/mypy
 
 format: $(VENV_STAMP)
-	$(BIN)/ruff format src tests benchmarks conftest.py
-	$(BIN)/ruff check --fix src tests benchmarks conftest.py
+	$(BIN)/ruff format src tests benchmarks examples conftest.py
+	$(BIN)/ruff check --fix src tests benchmarks examples conftest.py
 
 # Everything the README promises: unit, integration (real broker, Redis, Spark) and the
 # benchmark's peer engines.

@@ -5,10 +5,26 @@ import kappaflow
 
 def test_exported_members() -> None:
     assert sorted(kappaflow.__all__) == [
+        "EventTime",
+        "Job",
         "KappaflowError",
         "Settings",
+        "Stream",
+        "Table",
+        "Windowed",
         "__version__",
+        "approx_distinct",
+        "approx_quantiles",
+        "count",
+        "kafka",
         "load_settings",
+        "max",
+        "mean",
+        "min",
+        "parquet",
+        "redis",
+        "sum",
+        "testing",
     ]
     for name in kappaflow.__all__:
         assert hasattr(kappaflow, name)

@@ -1,8 +1,92 @@
-"""kappaflow: Kafka as the event log, Spark Structured Streaming as the engine."""
+"""kappaflow: Kafka as the event log, Spark Structured Streaming as the engine.
+
+A job is a function ``build(job)`` declaring its sources, windowed aggregates and sinks::
+
+    import kappaflow as kf
+
+    def build(job: kf.Job) -> None:
+        orders = job.source("orders", Order, key="buyer", id="order_id", watermark="10s")
+        revenue = orders.window(tumbling="1m").aggregate(
+            "revenue", by="country", total=kf.sum("amount"), buyers=kf.approx_distinct("buyer")
+        )
+        revenue.to(kf.kafka(), kf.redis(), kf.parquet("revenue"))
+
+The job API's names load on first use, so importing kappaflow (as its command line does)
+does not import PySpark.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import KappaflowError
 from kappaflow.settings import Settings, load_settings
 
+if TYPE_CHECKING:
+    from kappaflow import testing
+    from kappaflow.streams.aggregates import (
+        approx_distinct,
+        approx_quantiles,
+        count,
+        max,
+        mean,
+        min,
+        sum,
+    )
+    from kappaflow.streams.job import Job, Stream, Table, Windowed
+    from kappaflow.streams.schema import EventTime
+    from kappaflow.streams.sinks import kafka, parquet, redis
+
 __version__ = "0.1.0"
 
-__all__ = ["KappaflowError", "Settings", "__version__", "load_settings"]
+#: Public name → the module that defines it.
+_API = {
+    "Job": "kappaflow.streams.job",
+    "Stream": "kappaflow.streams.job",
+    "Windowed": "kappaflow.streams.job",
+    "Table": "kappaflow.streams.job",
+    "EventTime": "kappaflow.streams.schema",
+    "count": "kappaflow.streams.aggregates",
+    "sum": "kappaflow.streams.aggregates",
+    "min": "kappaflow.streams.aggregates",
+    "max": "kappaflow.streams.aggregates",
+    "mean": "kappaflow.streams.aggregates",
+    "approx_distinct": "kappaflow.streams.aggregates",
+    "approx_quantiles": "kappaflow.streams.aggregates",
+    "kafka": "kappaflow.streams.sinks",
+    "redis": "kappaflow.streams.sinks",
+    "parquet": "kappaflow.streams.sinks",
+}
+
+__all__ = [
+    "EventTime",
+    "Job",
+    "KappaflowError",
+    "Settings",
+    "Stream",
+    "Table",
+    "Windowed",
+    "__version__",
+    "approx_distinct",
+    "approx_quantiles",
+    "count",
+    "kafka",
+    "load_settings",
+    "max",
+    "mean",
+    "min",
+    "parquet",
+    "redis",
+    "sum",
+    "testing",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "testing":
+        return importlib.import_module("kappaflow.testing")
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kappaflow' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

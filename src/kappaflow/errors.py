@@ -393,6 +393,49 @@ class StreamError(KappaflowError, ValueError):
     exit_code = 2
 
 
+class InvalidSinkError(StreamError):
+    """A sink is declared wrong: a bad topic or table name, or a sink that cannot take
+    what it is given (the serving store takes windowed results only)."""
+
+    code = "KF730"
+
+
+class InvalidJobError(StreamError):
+    """The job's declaration is wrong: no output, two outputs with one name, a bad name,
+    a source without event time, something that is not an aggregate."""
+
+    code = "KF731"
+
+
+class UnknownColumnError(StreamError, LookupError):
+    """A column the job names (a key, an aggregate's input) is not in its stream."""
+
+    code = "KF732"
+
+
+class BuildFailedError(StreamError):
+    """The job's ``build`` function raised an exception of its own."""
+
+    code = "KF733"
+    exit_code = 1
+
+
+class StateIncompatibleError(StreamError):
+    """A job's output changed what its state holds (window, keys, aggregates, source)
+    while its checkpoint holds the old state."""
+
+    code = "KF735"
+    exit_code = 1
+
+
+class HarnessError(StreamError, RuntimeError):
+    """A job under the test harness failed, did not finish, or reads a source the test
+    gave no batches."""
+
+    code = "KF734"
+    exit_code = 1
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

@@ -191,6 +191,16 @@ class Settings(BaseSettings):
     jars_dir: Path | None = Field(
         default=None, description="resolved JVM artifacts; default: <state_dir>/jars"
     )
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="where jobs written on the job API keep their checkpoints: a path or a "
+        "Hadoop-compatible URI (hdfs://, s3a://); default: <state_dir>/checkpoints",
+    )
+    lake_dir: str | None = Field(
+        default=None,
+        description="the Parquet lake's root: a path or a Hadoop-compatible URI; "
+        "default: <state_dir>/lake",
+    )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
@@ -217,6 +227,20 @@ class Settings(BaseSettings):
     @property
     def checkpoint_root(self) -> Path:
         return self.state_dir / "checkpoints"
+
+    @property
+    def checkpoint_location(self) -> str:
+        """The checkpoints' root for jobs on the job API (a local path or a URI)."""
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        return str(self.checkpoint_root.resolve())
+
+    @property
+    def lake_root(self) -> str:
+        """The Parquet lake's root (a local path or a URI)."""
+        return (
+            self.lake_dir if self.lake_dir is not None else str((self.state_dir / "lake").resolve())
+        )
 
     @property
     def jobs_dir(self) -> Path:

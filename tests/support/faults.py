@@ -1,11 +1,13 @@
-"""Fault injection for the exactly-once tests: the counting pipeline, killing its own
-driver at one step of one batch.
+"""Fault injection for the exactly-once tests: a pipeline killing its own driver at
+one step of one batch.
 
-Not part of kappaflow. A job runs it only when started with
-``--pipeline faults:COUNT_WITH_CRASH`` and this directory on the driver's PYTHONPATH;
-``CRASH_AT`` (``STEP:N``) names the step (counting/sink.py STEPS) and the first batch id
-at which to crash, in a batch that publishes something; the driver writes the step and
-the batch id it crashed in to the file ``CRASH_RECORD`` names, then SIGKILLs itself.
+Not part of kappaflow. A job runs it only when started with ``--pipeline
+faults:COUNT_WITH_CRASH`` (the counting pipeline) or ``faults:REVENUE_WITH_CRASH`` (the
+revenue example, a job on the job API with Kafka, Redis and lake sinks) and this
+directory on the driver's PYTHONPATH; ``CRASH_AT`` (``STEP:N``) names the step
+(counting/sink.py or streams/writer.py STEPS) and the first batch id at which to crash,
+in a batch that publishes something; the driver writes the step and the batch id it
+crashed in to the file ``CRASH_RECORD`` names, then SIGKILLs itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pyspark.sql.streaming import StreamingQuery
 from kappaflow.counting import pipeline as counting
 from kappaflow.counting.sink import STEPS
 from kappaflow.jobs.pipeline import JobContext, Pipeline
+from kappaflow.streams.app import start_app
+from kappaflow.streams.writer import STEPS as APP_STEPS
 
 CRASH_AT = "KAPPAFLOW_FAULT_CRASH_AT"
 CRASH_RECORD = "KAPPAFLOW_FAULT_RECORD"
@@ -38,3 +42,22 @@ def _start(ctx: JobContext) -> list[StreamingQuery]:
 
 
 COUNT_WITH_CRASH = Pipeline(start=_start, parts=counting.parts)
+
+
+def _crash_app(step: str, output: str, batch_id: int) -> None:
+    wanted, _, first = os.environ[CRASH_AT].partition(":")
+    assert wanted in APP_STEPS, f"unknown step {wanted!r}"
+    if step == wanted and batch_id >= int(first):
+        Path(os.environ[CRASH_RECORD]).write_text(
+            json.dumps({"step": step, "batch": batch_id, "output": output})
+        )
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start_revenue(ctx: JobContext) -> list[StreamingQuery]:
+    from revenue import build
+
+    return start_app(build, ctx, on_step=_crash_app)
+
+
+REVENUE_WITH_CRASH = Pipeline(start=_start_revenue)

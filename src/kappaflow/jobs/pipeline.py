@@ -1,7 +1,8 @@
 """The contract between the job runner and what a job computes: a pipeline.
 
 A pipeline is found by reference, the same way for kappaflow's own and a user's: either
-``package.module:attribute`` (an object importable from the driver's Python path), or a
+``package.module:attribute`` (an object importable from the driver's Python path: a
+:class:`Pipeline`, or a job's ``build(job)`` function on the job API), or a
 short name that an installed distribution declares in the ``kappaflow.pipelines`` entry
 point group (kappaflow declares ``count`` and ``clean`` there). Nothing here imports a
 pipeline's code until a job asks for it.
@@ -10,6 +11,7 @@ pipeline's code until a job asks for it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -112,8 +114,8 @@ def pipeline_target(reference: str) -> str:
     return target
 
 
-def load_pipeline(reference: str) -> Pipeline:
-    """The pipeline a reference names: ``module:attribute`` or an entry point's name."""
+def load_object(reference: str) -> Any:
+    """The object a reference names: ``module:attribute`` or an entry point's name."""
     module_name, _, attribute = pipeline_target(reference).partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -134,8 +136,31 @@ def load_pipeline(reference: str) -> Pipeline:
             raise PipelineNotFoundError(
                 f"pipeline {reference!r}: {module_name} has no {attribute!r}"
             )
-    if not isinstance(found_object, Pipeline):
-        raise InvalidPipelineError(
-            f"pipeline {reference!r} is a {type(found_object).__name__}, not a kappaflow Pipeline"
-        )
     return found_object
+
+
+def load_build(reference: str) -> Callable[..., None]:
+    """A job's ``build(job)`` function, by ``module:function``."""
+    found = load_object(reference)
+    if not inspect.isfunction(found):
+        raise InvalidPipelineError(
+            f"{reference!r} is a {type(found).__name__}, not a function build(job)"
+        )
+    build: Callable[..., None] = found
+    return build
+
+
+def load_pipeline(reference: str) -> Pipeline:
+    """The pipeline a reference names: a Pipeline, or a job's ``build`` function."""
+    found_object = load_object(reference)
+    if isinstance(found_object, Pipeline):
+        return found_object
+    if inspect.isfunction(found_object):
+        # A job written on the job API: its build(job) function.
+        from kappaflow.streams.app import app_pipeline
+
+        return app_pipeline(found_object)
+    raise InvalidPipelineError(
+        f"pipeline {reference!r} is a {type(found_object).__name__}, not a job's build "
+        "function or a kappaflow Pipeline"
+    )

@@ -1,0 +1,34 @@
+"""How ``jobs check`` shows a job's plan to a person."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+
+def show_plan(plan: dict[str, Any]) -> None:
+    out = Console(highlight=False)
+    out.print(f"[bold]job {plan['job']}[/bold]  checkpoint {plan['checkpoint']}")
+    for source in plan["sources"]:
+        exists = "" if source["topic_exists"] else "  [yellow](topic does not exist yet)[/yellow]"
+        out.print(
+            f"  source {source['topic']}{exists}: {source['schema']}, key {source['key']}, "
+            f"time {source['time']}, id {source['id']}, watermark {source['watermark_ms']} ms, "
+            f"allowed lateness {source['allowed_lateness_ms']} ms, from {source['start']}"
+        )
+    for output in plan["outputs"]:
+        if "window" in output:
+            window = output["window"]
+            slide = f" every {window['slide_ms']} ms" if window["slide_ms"] else ""
+            what = f"windows of {window['size_ms']} ms{slide} by {output['by']}: " + ", ".join(
+                f"{k}={v}" for k, v in output["aggregates"].items()
+            )
+        else:
+            what = "records"
+        out.print(f"  output {output['name']} from {output['source']}: {what}")
+        for sink in output["sinks"]:
+            where = next(f"{k} {v}" for k, v in sink.items() if k in ("kafka", "redis", "parquet"))
+            out.print(f"    -> {where}: {sink['guarantee']}")
+    out.print(f"  dead letters -> {plan['dead_letters']}; too-late events -> {plan['late']}")
+    out.print(f"  restart: {plan['restart']}")

@@ -1,0 +1,104 @@
+"""A user's job (``package.module:build``) as a kappaflow pipeline: Kafka in, Kafka,
+Redis and the lake out."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from kappaflow.errors import TopicNotFoundError
+from kappaflow.jobs.pipeline import JobContext, Pipeline
+from kappaflow.kafka.topics import create_topic, list_topics
+from kappaflow.serving.client import redis_client
+from kappaflow.settings import Settings
+from kappaflow.spark.kafka_io import read_stream
+from kappaflow.streams.backends import KafkaPublisher, RedisStore, commits_topic
+from kappaflow.streams.check import record_plan, verify_restart
+from kappaflow.streams.job import Job
+from kappaflow.streams.lake_fs import HadoopFs
+from kappaflow.streams.runtime import Backends, Build, declare, output_topics, start_outputs
+from kappaflow.streams.sinks import RedisSink
+from kappaflow.streams.writer import StepHook
+
+
+class KafkaReader:
+    """A job's sources in Kafka."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
+        return read_stream(spark, self.settings, topic, starting_offsets=start)
+
+    def read_range(
+        self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
+    ) -> DataFrame:
+        import json
+
+        return (
+            spark.read.format("kafka")
+            .options(**self.settings.kafka.spark_kafka_options())
+            .option("assign", json.dumps({topic: sorted(ranges)}))
+            .option(
+                "startingOffsets",
+                json.dumps({topic: {str(p): low for p, (low, _) in ranges.items()}}),
+            )
+            .option(
+                "endingOffsets",
+                json.dumps({topic: {str(p): high + 1 for p, (_, high) in ranges.items()}}),
+            )
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+        )
+
+
+def start_app(
+    build: Build, ctx: JobContext, on_step: StepHook | None = None
+) -> list[StreamingQuery]:
+    """Declare the job with ``build`` and start its outputs' queries."""
+    settings = ctx.settings
+    reader = KafkaReader(settings)
+    job = declare(build, ctx.name, ctx.params, ctx.spark, reader)
+    existing = {t["name"] for t in list_topics(settings.kafka)}
+    for source in job.sources:
+        if source.topic not in existing:
+            raise TopicNotFoundError(
+                f"job {ctx.name!r} reads topic {source.topic!r}, which does not exist "
+                "(see `kappaflow topics list`)"
+            )
+    checkpoint_root = f"{settings.checkpoint_location.rstrip('/')}/{ctx.name}"
+    fs = HadoopFs(ctx.spark, checkpoint_root)
+    verify_restart(job, fs, checkpoint_root)
+    _create_topics(settings, job)
+    wants_redis = any(isinstance(s, RedisSink) for o in job.outputs for s in o.sinks)
+    backends = Backends(
+        publisher=KafkaPublisher(settings, ctx.name),
+        store=RedisStore(redis_client(settings), ctx.name) if wants_redis else None,
+        checkpoint_root=checkpoint_root,
+        lake_root=settings.lake_root,
+        status_dir=settings.jobs_dir.resolve() / ctx.name / "outputs",
+    )
+    record_plan(job, fs)
+    return start_outputs(job, reader, backends, on_step=on_step)
+
+
+def _create_topics(settings: Settings, job: Job) -> None:
+    kafka = settings.kafka
+    for topic in output_topics(job):
+        create_topic(kafka, topic, exist_ok=True)
+    create_topic(
+        kafka,
+        commits_topic(job.name),
+        partitions=1,
+        exist_ok=True,
+        configs={"cleanup.policy": "compact"},
+    )
+
+
+def app_pipeline(build: Build) -> Pipeline:
+    """``build`` as a pipeline the job runner starts."""
+
+    def start(ctx: JobContext) -> list[StreamingQuery]:
+        return start_app(build, ctx)
+
+    return Pipeline(start=start)

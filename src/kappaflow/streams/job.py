@@ -1,0 +1,332 @@
+"""What a user's ``build(job)`` function declares: sources, streams, windowed aggregates
+and their sinks.
+
+Declaring builds streaming DataFrames at once (so ``stream.df`` is a real one) but starts
+nothing: after ``build`` returns, the runtime (runtime.py) starts one query per output,
+with all the output's sinks in one batch writer. Every stream keeps kappaflow's
+bookkeeping columns beside the user's (``_kf_time``: event time in epoch ms,
+``_kf_partition`` and ``_kf_offset``: where in the source the row came from), which is
+how late events are found and reported again with their original bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kappaflow.errors import (
+    InvalidJobError,
+    InvalidSinkError,
+    InvalidWindowError,
+    MissingParameterError,
+    UnknownColumnError,
+)
+from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.schema import RecordSchema, compile_schema
+from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink, Sink
+from kappaflow.timeutil import parse_duration
+
+if TYPE_CHECKING:
+    from kappaflow.streams.windowing import WindowSpec
+
+#: The columns kappaflow keeps beside a stream's own.
+TIME, PARTITION, OFFSET = "_kf_time", "_kf_partition", "_kf_offset"
+BOOKKEEPING = (TIME, PARTITION, OFFSET)
+#: The parser's verdict columns, beside the bookkeeping ones until the stream is output.
+_VERDICT = ("_kf_reason", "_kf_value", "_kf_topic")
+
+
+class SourceReader(Protocol):
+    """Where a job's sources come from: Kafka, or the test harness's batches."""
+
+    def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
+        """The topic as an unbounded DataFrame with Kafka's columns."""
+        ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """A declared source: its topic, record type and event-time settings."""
+
+    topic: str
+    schema: RecordSchema
+    keys: tuple[str, ...]
+    time: str
+    id: str | None
+    watermark_ms: int
+    lateness_ms: int
+    start: str
+
+
+@dataclass
+class Output:
+    """Something the job writes: a stream's rows or an aggregate's changes, and where."""
+
+    name: str
+    stream: Stream
+    sinks: tuple[Sink, ...]
+    aggregate: Aggregation | None = None
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A windowed aggregate: windows, key columns and named aggregates."""
+
+    window: WindowSpec
+    keys: tuple[str, ...]
+    aggregates: Mapping[str, Aggregate]
+
+
+def millis(value: str | int | timedelta, what: str) -> int:
+    """A duration argument (``"10s"``, a timedelta or milliseconds) in milliseconds."""
+    if isinstance(value, timedelta):
+        found = value
+    elif isinstance(value, int):
+        found = timedelta(milliseconds=value)
+    else:
+        found = parse_duration(value)
+    ms = int(found / timedelta(milliseconds=1))
+    if ms < 0:
+        raise InvalidWindowError(f"{what} must not be negative")
+    return ms
+
+
+class Job:
+    """The job being declared, as ``build`` gets it."""
+
+    def __init__(
+        self,
+        name: str,
+        params: Mapping[str, str],
+        spark: SparkSession,
+        reader: SourceReader,
+    ) -> None:
+        self.name = name
+        self.params = dict(params)
+        self.spark = spark
+        self._reader = reader
+        self.sources: list[Source] = []
+        self.outputs: list[Output] = []
+
+    def param(self, key: str, default: str | None = None) -> str:
+        """The job parameter ``key`` (``-P key=value``), or ``default``."""
+        value = self.params.get(key, default)
+        if value is None:
+            raise MissingParameterError(f"job {self.name!r} needs the parameter {key!r}")
+        return value
+
+    def source(
+        self,
+        topic: str,
+        schema: type,
+        *,
+        key: str | Sequence[str] = (),
+        time: str | None = None,
+        id: str | None = None,
+        watermark: str | int | timedelta = "10s",
+        allowed_lateness: str | int | timedelta = "0s",
+        start: str = "earliest",
+    ) -> Stream:
+        """The records of ``topic``, parsed as ``schema`` (a dataclass or pydantic model).
+
+        ``time`` is the event-time field (default: the field typed ``EventTime``); the
+        watermark trails the largest event time seen by ``watermark``; an event later
+        than that may still correct a window for ``allowed_lateness``, and goes to the
+        job's late topic after. Records that do not fit the schema go to the job's
+        dead-letter topic, with the reason and their original bytes.
+        """
+        record = compile_schema(schema)
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        time_field = time or record.event_time
+        if time_field is None:
+            raise InvalidJobError(
+                f"source {topic!r}: {record.name} has no EventTime field; give time=..."
+            )
+        for path in (*keys, time_field, *([id] if id else [])):
+            record.field(path)
+        found = Source(
+            topic,
+            record,
+            keys,
+            time_field,
+            id,
+            millis(watermark, "watermark"),
+            millis(allowed_lateness, "allowed_lateness"),
+            start,
+        )
+        self.sources.append(found)
+        raw = self._reader.stream(self.spark, topic, start)
+        parsed = parse_records(raw, record, time=time_field, keys=keys, id=id)
+        return Stream(self, found, parsed)
+
+    def stream(self, frame: DataFrame, *, like: Stream) -> Stream:
+        """A DataFrame derived from ``like``'s as a stream again (for windows and sinks).
+
+        It must keep the bookkeeping columns (``_kf_time``, ``_kf_partition``,
+        ``_kf_offset``) that ``like.df`` has.
+        """
+        missing = [c for c in BOOKKEEPING if c not in frame.columns]
+        if missing:
+            raise UnknownColumnError(
+                f"job.stream: the DataFrame lost kappaflow's columns {missing}: keep them "
+                "through select() (or use Stream.select, which does)"
+            )
+        return Stream(self, like.source, frame.where(F.col("_kf_reason").isNull()), clean=True)
+
+    def _add(self, output: Output) -> None:
+        if any(o.name == output.name for o in self.outputs):
+            raise InvalidJobError(f"job {self.name!r} has two outputs named {output.name!r}")
+        self.outputs.append(output)
+
+
+class Stream:
+    """A stream of typed records: a streaming DataFrame plus where it came from."""
+
+    def __init__(self, job: Job, source: Source, frame: DataFrame, *, clean: bool = False) -> None:
+        self.job = job
+        self.source = source
+        # Dead letters travel with the first output of a source (runtime.py); derived
+        # streams hold only the records that parsed.
+        self._parsed = frame
+        self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
+
+    @property
+    def df(self) -> DataFrame:
+        """The records as a plain streaming DataFrame (with kappaflow's ``_kf_`` columns)."""
+        return self._frame.drop(*_VERDICT)
+
+    @property
+    def parsed(self) -> DataFrame:
+        """Every record of the source with its verdict, dead letters included."""
+        return self._parsed
+
+    def _derive(self, frame: DataFrame) -> Stream:
+        derived = Stream(self.job, self.source, self._parsed, clean=True)
+        derived._frame = frame
+        return derived
+
+    def where(self, condition: Column | str) -> Stream:
+        """The records for which ``condition`` holds."""
+        return self._derive(self._frame.where(condition))
+
+    filter = where
+
+    def with_column(self, name: str, value: Column) -> Stream:
+        """The records with the column ``name`` set to ``value``."""
+        return self._derive(self._frame.withColumn(name, value))
+
+    def select(self, *columns: str | Column) -> Stream:
+        """Only these columns (kappaflow's own are kept)."""
+        return self._derive(self._frame.select(*columns, *BOOKKEEPING, *_VERDICT))
+
+    def transform(self, function: Callable[[DataFrame], DataFrame]) -> Stream:
+        """``function`` applied to the DataFrame (which must keep the ``_kf_`` columns)."""
+        return self.job.stream(function(self._frame), like=self)
+
+    def window(
+        self,
+        *,
+        tumbling: str | timedelta | None = None,
+        sliding: tuple[str | timedelta, str | timedelta] | None = None,
+    ) -> Windowed:
+        """Event-time windows: ``tumbling=size`` or ``sliding=(size, slide)``."""
+        from kappaflow.streams.windowing import WindowSpec
+
+        if (tumbling is None) == (sliding is None):
+            raise InvalidWindowError("give exactly one of tumbling= and sliding=")
+        if tumbling is not None:
+            spec = WindowSpec(millis(tumbling, "tumbling"), None)
+        else:
+            assert sliding is not None
+            spec = WindowSpec(millis(sliding[0], "window size"), millis(sliding[1], "slide"))
+        return Windowed(self, spec)
+
+    def to(self, *sinks: Sink, name: str | None = None) -> None:
+        """Write every record to ``sinks`` (Kafka topics, lake tables), exactly once."""
+        if not sinks:
+            raise InvalidSinkError("to(): name at least one sink")
+        for sink in sinks:
+            if isinstance(sink, RedisSink):
+                raise InvalidSinkError(
+                    "the serving store keeps windowed results: aggregate the stream first"
+                )
+        default = next(
+            (s.topic for s in sinks if isinstance(s, KafkaSink) and s.topic),
+            next((s.table for s in sinks if isinstance(s, ParquetSink)), "records"),
+        )
+        self.job._add(Output(_output_name(name or default), self, sinks))
+
+    def _column(self, name: str) -> None:
+        if name not in self._frame.columns:
+            raise UnknownColumnError(
+                f"no column {name!r} in the stream of {self.source.topic!r} "
+                f"(columns: {', '.join(c for c in self.df.columns if not c.startswith('_kf_'))})"
+            )
+
+
+class Windowed:
+    """A stream cut into event-time windows, to aggregate."""
+
+    def __init__(self, stream: Stream, spec: WindowSpec) -> None:
+        self.stream = stream
+        self.spec = spec
+
+    def aggregate(self, name: str, *, by: str | Sequence[str] = (), **aggregates: Any) -> Table:
+        """Per window and per value of the ``by`` columns, the named ``aggregates``
+        (``kf.count()``, ``kf.sum("amount")``, ...). ``name`` names the results: their
+        topic ``JOB.NAME``, their lake table and their state."""
+        keys = (by,) if isinstance(by, str) else tuple(by)
+        if not aggregates:
+            raise InvalidJobError(f"aggregate {name!r}: name at least one aggregate")
+        for key in keys:
+            self.stream._column(key)
+        for label, agg in aggregates.items():
+            if not isinstance(agg, Aggregate):
+                raise InvalidJobError(
+                    f"aggregate {name!r}: {label}= is a {type(agg).__name__}, not an aggregate "
+                    "such as kf.sum('amount')"
+                )
+            column = getattr(agg, "column", None)
+            if column:
+                self.stream._column(column)
+        return Table(_output_name(name), self.stream, Aggregation(self.spec, keys, aggregates))
+
+
+class Table:
+    """A windowed aggregate's results: each window's values per key, as they change."""
+
+    def __init__(self, name: str, stream: Stream, aggregation: Aggregation) -> None:
+        self.name = name
+        self.stream = stream
+        self.aggregation = aggregation
+
+    def to(self, *sinks: Sink) -> None:
+        """Write every change of the results to ``sinks``, exactly once."""
+        if not sinks:
+            raise InvalidSinkError(f"{self.name}.to(): name at least one sink")
+        self.stream.job._add(Output(self.name, self.stream, sinks, self.aggregation))
+
+
+def _output_name(name: str) -> str:
+    cleaned = name.rsplit("/", 1)[-1]
+    if not cleaned or not all(ch.isalnum() or ch in "_-" for ch in cleaned):
+        raise InvalidJobError(
+            f"invalid output name {name!r}: use letters, digits, '_' and '-' (it names a "
+            "topic, a lake table and the output's state)"
+        )
+    return cleaned
+
+
+@dataclass
+class Plan:
+    """What a job declared, for ``jobs check`` and the runtime."""
+
+    name: str
+    sources: list[Source] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)

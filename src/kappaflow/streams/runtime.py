@@ -1,0 +1,282 @@
+"""From a declared job to running queries: one query per output.
+
+An output's query computes its rows (a windowed aggregate's changes, or a plain stream's
+records) and, for the first output of each source, that source's dead letters, in one
+DataFrame; its batch writer (writer.py) sends each batch to all the output's sinks. The
+same code runs a job for real (Kafka, Redis, the lake) and under the test harness
+(kappaflow.testing), which swaps the source reader and the backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError
+from kappaflow.streams.backends import Publisher, ResultStore
+from kappaflow.streams.job import BOOKKEEPING, Job, Output
+from kappaflow.streams.lake import LakeWriter
+from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
+from kappaflow.streams.windowing import aggregate_windows
+from kappaflow.streams.writer import OutputTarget, OutputWriter, StepHook
+
+#: Every output query's rows, whatever they are (writer.py routes them by ``kind``).
+OUTPUT_COLUMNS = (
+    ("kind", "string"),
+    ("key", "string"),
+    ("window_start", "bigint"),
+    ("window_end", "bigint"),
+    ("values", "string"),
+    ("previous", "string"),
+    ("version", "bigint"),
+    ("watermark", "bigint"),
+    ("events", "bigint"),
+    ("duplicates", "bigint"),
+    ("reason", "string"),
+    ("value", "binary"),
+    ("row", "string"),
+    ("src_partition", "int"),
+    ("src_offset", "bigint"),
+    ("offsets", "array<bigint>"),
+)
+
+#: A user's job: a function that declares it.
+Build = Callable[[Job], None]
+
+
+class Reader(Protocol):
+    """The sources of a run: Kafka, or the harness's batches."""
+
+    def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame: ...
+
+    def read_range(
+        self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
+    ) -> DataFrame: ...
+
+
+@dataclass
+class Backends:
+    """Where a run's outputs go, and where its state lives."""
+
+    publisher: Publisher
+    store: ResultStore | None
+    #: The root of the job's checkpoints (a local path or a Hadoop URI).
+    checkpoint_root: str
+    #: The lake's root: tables named by a name live in ``<lake_root>/JOB/NAME``.
+    lake_root: str
+    #: Where each output's status file goes (``<jobs>/JOB/outputs``), if anywhere.
+    status_dir: Path | None = None
+
+
+def declare(
+    build: Build, name: str, params: Mapping[str, str], spark: SparkSession, reader: Reader
+) -> Job:
+    """Run the user's ``build`` on a new job; a failure in it is the user's, said so."""
+    job = Job(name, params, spark, reader)
+    try:
+        build(job)
+    except KappaflowError:
+        raise
+    except Exception as exc:
+        where = getattr(build, "__qualname__", repr(build))
+        first = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise BuildFailedError(f"{where}(job) failed: {first}") from None
+    if not job.outputs:
+        raise InvalidJobError(f"job {name!r} declares no output: call .to(...) on a result")
+    return job
+
+
+def output_topics(job: Job) -> list[str]:
+    """Every topic the job publishes to."""
+    topics = {f"{job.name}.late", f"{job.name}.dlq"}
+    for output in job.outputs:
+        for sink in output.sinks:
+            if isinstance(sink, KafkaSink):
+                topics.add(sink.topic or f"{job.name}.{output.name}")
+    return sorted(topics)
+
+
+def start_outputs(
+    job: Job,
+    reader: Reader,
+    backends: Backends,
+    *,
+    available_now: bool = False,
+    on_step: StepHook | None = None,
+) -> list[StreamingQuery]:
+    """One started query per output of ``job``."""
+    queries = []
+    carried: set[str] = set()
+    for output in job.outputs:
+        topic = output.stream.source.topic
+        frame = output_frame(output, dead_letters=topic not in carried)
+        carried.add(topic)
+        writer = OutputWriter(
+            _target(job, output, backends), backends.publisher, backends.store, reader, on_step
+        )
+        stream = (
+            frame.writeStream.queryName(f"{job.name}.{output.name}")
+            .outputMode("update")
+            .option("checkpointLocation", f"{backends.checkpoint_root}/{output.name}")
+            .foreachBatch(writer)
+        )
+        stream = (
+            stream.trigger(availableNow=True)
+            if available_now
+            else stream.trigger(processingTime="0 seconds")
+        )
+        queries.append(stream.start())
+    return queries
+
+
+def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
+    """The rows of an output's query (OUTPUT_COLUMNS)."""
+    stream = output.stream
+    source = stream.source
+    if output.aggregate is not None:
+        agg = output.aggregate
+        rows = aggregate_windows(
+            stream.df,
+            keys=agg.keys,
+            aggregates=agg.aggregates,
+            size_ms=agg.window.size_ms,
+            slide_ms=agg.window.slide_ms,
+            watermark_ms=source.watermark_ms,
+            lateness_ms=source.lateness_ms,
+            id_column=source.id,
+        )
+    else:
+        user = [c for c in stream.df.columns if c not in BOOKKEEPING]
+        rows = stream.df.select(
+            F.lit("record").alias("kind"),
+            F.to_json(F.struct(*user)).alias("row"),
+            F.col("_kf_partition").alias("src_partition"),
+            F.col("_kf_offset").alias("src_offset"),
+        )
+    frame = _shaped(rows)
+    if dead_letters:
+        dead = stream.parsed.where(F.col("_kf_reason").isNotNull()).select(
+            F.lit("dlq").alias("kind"),
+            F.col("_kf_reason").alias("reason"),
+            F.col("_kf_value").alias("value"),
+            F.col("_kf_partition").alias("src_partition"),
+            F.col("_kf_offset").alias("src_offset"),
+        )
+        frame = frame.unionByName(_shaped(dead))
+    return frame
+
+
+def _shaped(frame: DataFrame) -> DataFrame:
+    """``frame`` with exactly OUTPUT_COLUMNS: missing ones null (or 0 for counts)."""
+    columns = []
+    for name, kind in OUTPUT_COLUMNS:
+        if name in frame.columns:
+            columns.append(F.col(name).cast(kind).alias(name))
+        elif kind == "bigint":
+            columns.append(F.lit(0).cast(kind).alias(name))
+        else:
+            columns.append(F.lit(None).cast(kind).alias(name))
+    return frame.select(*columns)
+
+
+def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
+    topics = tuple(
+        sink.topic or f"{job.name}.{output.name}"
+        for sink in output.sinks
+        if isinstance(sink, KafkaSink)
+    )
+    lakes = tuple(
+        LakeWriter(
+            job.spark,
+            _lake_path(sink.table, job.name, backends.lake_root),
+            partition_by=sink.partition_by,
+            by_date=sink.by_date,
+        )
+        for sink in output.sinks
+        if isinstance(sink, ParquetSink)
+    )
+    user = output.stream.df.drop(*BOOKKEEPING)
+    return OutputTarget(
+        job=job.name,
+        name=output.name,
+        source=output.stream.source,
+        keys=output.aggregate.keys if output.aggregate is not None else (),
+        topics=topics,
+        redis=any(isinstance(sink, RedisSink) for sink in output.sinks),
+        lakes=lakes,
+        row_schema=user.schema if output.aggregate is None else None,
+        status_dir=backends.status_dir,
+    )
+
+
+def _lake_path(table: str, job: str, root: str) -> str:
+    if table.startswith("/") or "://" in table:
+        return table
+    return f"{root.rstrip('/')}/{job}/{table}"
+
+
+def describe(job: Job) -> dict[str, Any]:
+    """The job's plan: sources, outputs, their sinks and what each guarantees."""
+    outputs = []
+    for output in job.outputs:
+        sinks = []
+        for sink in output.sinks:
+            if isinstance(sink, KafkaSink):
+                sinks.append(
+                    {
+                        "kafka": sink.topic or f"{job.name}.{output.name}",
+                        "guarantee": "exactly once for read_committed consumers",
+                    }
+                )
+            elif isinstance(sink, RedisSink):
+                sinks.append(
+                    {
+                        "redis": f"kf:{job.name}:{output.name}:",
+                        "guarantee": "exactly once (idempotent writes)",
+                    }
+                )
+            else:
+                sinks.append(
+                    {
+                        "parquet": sink.table,
+                        "partition_by": list(sink.partition_by),
+                        "by_date": sink.by_date,
+                        "guarantee": "exactly once for readers of committed files",
+                    }
+                )
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "source": output.stream.source.topic,
+            "sinks": sinks,
+        }
+        if output.aggregate is not None:
+            agg = output.aggregate
+            entry["window"] = {"size_ms": agg.window.size_ms, "slide_ms": agg.window.slide_ms}
+            entry["by"] = list(agg.keys)
+            entry["aggregates"] = {k: repr(v) for k, v in agg.aggregates.items()}
+        outputs.append(entry)
+    return {
+        "job": job.name,
+        "sources": [
+            {
+                "topic": s.topic,
+                "schema": s.schema.name,
+                "key": list(s.keys),
+                "time": s.time,
+                "id": s.id,
+                "watermark_ms": s.watermark_ms,
+                "allowed_lateness_ms": s.lateness_ms,
+                "start": s.start,
+            }
+            for s in job.sources
+        ],
+        "outputs": outputs,
+        "dead_letters": f"{job.name}.dlq",
+        "late": f"{job.name}.late",
+    }

@@ -1,0 +1,74 @@
+"""Where a job's results go: the sinks a user names in ``.to(...)``.
+
+These are declarations only; the batch writer (writer.py) carries them out, all sinks of
+one output in one ``foreachBatch``, so that each holds every result exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kappaflow.errors import InvalidSinkError
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_LAKE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class KafkaSink:
+    """Records in a Kafka topic, published in one transaction per batch.
+
+    ``topic`` None means the output's own topic, ``JOB.OUTPUT``. A windowed aggregate's
+    records there are its changelog: every change of a window's values, with the values
+    before it; a stream's records are its rows as JSON objects.
+    """
+
+    topic: str | None = None
+
+
+@dataclass(frozen=True)
+class RedisSink:
+    """The serving store: the current values of every window of every key."""
+
+
+@dataclass(frozen=True)
+class ParquetSink:
+    """A table in the Parquet lake.
+
+    ``table`` is a name (the table ``<lake>/JOB/NAME``) or a Hadoop-compatible URI or
+    absolute path. Rows are partitioned by the columns ``partition_by`` and, with
+    ``by_date``, by the UTC date of that timestamp column.
+    """
+
+    table: str
+    partition_by: tuple[str, ...] = ()
+    by_date: str | None = None
+
+
+Sink = KafkaSink | RedisSink | ParquetSink
+
+
+def kafka(topic: str | None = None) -> KafkaSink:
+    """Publish to ``topic`` (default: the output's own topic, ``JOB.OUTPUT``)."""
+    if topic is not None and not _TOPIC.match(topic):
+        raise InvalidSinkError(f"kafka sink: {topic!r} is not a valid topic name")
+    return KafkaSink(topic)
+
+
+def redis() -> RedisSink:
+    """Keep the current results in the serving store (windowed aggregates only)."""
+    return RedisSink()
+
+
+def parquet(
+    table: str, *, partition_by: str | Sequence[str] = (), by_date: str | None = None
+) -> ParquetSink:
+    """Append to the lake table ``table`` (a name, an absolute path or a URI)."""
+    if not (_LAKE_NAME.match(table) or table.startswith("/") or "://" in table):
+        raise InvalidSinkError(
+            f"parquet sink: {table!r} is neither a table name, an absolute path nor a URI"
+        )
+    columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+    return ParquetSink(table, columns, by_date)

@@ -1,0 +1,89 @@
+"""A job's status and accounting: what ``jobs status`` prints and a service reads.
+
+Per output: its last batch and running totals (events passed, duplicates dropped, late
+events, dead letters, Kafka records and lake rows written), as its batch writer recorded
+them after the batch's transaction committed (writer.py); the events read, measured from
+the offsets in Spark's checkpoint up to that batch (spark/checkpoint.py); and the query's
+last progress: watermark, rows per second, batch duration, state rows and memory, and
+how far behind the source's latest offsets it is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kappaflow.jobs.manager import JobManager
+from kappaflow.settings import Settings
+from kappaflow.spark.checkpoint import offsets_consumed
+
+
+def job_status(settings: Settings, name: str) -> dict[str, Any]:
+    """Everything known about job ``name``: its record, its outputs, their progress."""
+    manager = JobManager(settings)
+    record = manager.get(name)
+    home = manager.job_dir(name)
+    progress = manager.progress(name)
+    outputs: dict[str, Any] = {}
+    folder = home / "outputs"
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        output = path.stem
+        status = _json(path) or {}
+        entry: dict[str, Any] = {
+            "batch": status.get("batch_id"),
+            "watermark_ms": status.get("watermark"),
+            **status.get("totals", {}),
+            "events_read": _events_read(settings, name, output, status.get("batch_id")),
+            "updated_at": status.get("at"),
+        }
+        entry.update(_progress(progress.get(f"{name}.{output}")))
+        outputs[output] = entry
+    return {
+        "job": name,
+        "state": str(record.state),
+        "pid": record.pid,
+        "app": record.pipeline,
+        "params": record.params,
+        "started_at": record.started_at,
+        "error": record.error,
+        "outputs": outputs,
+    }
+
+
+def _events_read(settings: Settings, job: str, output: str, batch_id: int | None) -> int | None:
+    """Source offsets the output's query consumed through ``batch_id`` (local
+    checkpoints only; None elsewhere or before the first batch)."""
+    location = settings.checkpoint_location
+    if batch_id is None or ("://" in location and not location.startswith("file:")):
+        return None
+    query_dir = Path(location.removeprefix("file://")) / job / output
+    try:
+        return offsets_consumed(query_dir, batch_id)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _progress(last: dict[str, Any] | None) -> dict[str, Any]:
+    if not last:
+        return {}
+    operators = last.get("stateOperators") or []
+    sources = last.get("sources") or [{}]
+    metrics = sources[0].get("metrics") or {}
+    behind = metrics.get("maxOffsetsBehindLatest")
+    return {
+        "input_rows_per_s": last.get("inputRowsPerSecond"),
+        "processed_rows_per_s": last.get("processedRowsPerSecond"),
+        "batch_duration_ms": (last.get("durationMs") or {}).get("triggerExecution"),
+        "event_time_watermark": (last.get("eventTime") or {}).get("watermark"),
+        "state_rows": sum(int(o.get("numRowsTotal") or 0) for o in operators),
+        "state_memory_bytes": sum(int(o.get("memoryUsedBytes") or 0) for o in operators),
+        "lag_records": int(float(behind)) if behind is not None else None,
+    }
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,300 @@
+"""Each micro-batch of one output, to all its sinks, exactly once.
+
+Spark re-runs a batch after a crash with the same input and state, so it produces the
+same rows. The writer goes in an order that makes every step safe to repeat: the serving
+store (idempotent writes), the lake (a batch is published once, by id: lake.py), then one
+Kafka transaction with the batch's records on every topic and a commit marker (skipped
+for a batch whose marker is already committed). Readers with ``read_committed`` see
+every record once.
+
+The rows the writer gets (runtime.py) have a ``kind``: changes of a windowed aggregate
+(``provisional``, ``final``, ``correction``), ``record`` rows of a plain stream, ``late``
+events (too late to correct their window), ``dlq`` records that did not parse, and the
+operator's ``stats`` and ``closed`` rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from kappaflow.errors import PartialBatchError
+from kappaflow.streams.backends import Publisher, Record, ResultStore
+from kappaflow.streams.job import Source
+from kappaflow.streams.lake import LakeWriter
+from kappaflow.timeutil import from_epoch_ms, iso
+
+CHANGES = ("provisional", "final", "correction")
+RECORD, LATE, DEAD, STATS = "record", "late", "dlq", "stats"
+
+#: The points of a batch at which the writer calls its ``on_step`` hook; the
+#: fault-injection tests kill the driver at each.
+STEPS = ("before-store", "after-store", "after-lake", "in-transaction", "after-kafka")
+StepHook = Callable[[str, str, int], None]
+
+
+@dataclass
+class OutputTarget:
+    """What one output's writer needs to know about it."""
+
+    job: str
+    name: str
+    source: Source
+    #: Key columns of a windowed aggregate (none for a plain stream).
+    keys: tuple[str, ...]
+    #: Kafka topics to publish the output's records to.
+    topics: tuple[str, ...]
+    redis: bool
+    lakes: tuple[LakeWriter, ...]
+    #: A plain stream's row type, to give its lake its typed columns back.
+    row_schema: StructType | None = None
+    #: Where the output's status file goes (none under the test harness).
+    status_dir: Path | None = None
+
+    @property
+    def late_topic(self) -> str:
+        return f"{self.job}.late"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.job}.dlq"
+
+
+class OutputWriter:
+    """The ``foreachBatch`` function of one output."""
+
+    def __init__(
+        self,
+        target: OutputTarget,
+        publisher: Publisher,
+        store: ResultStore | None,
+        reader: Any,
+        on_step: StepHook | None = None,
+    ) -> None:
+        self.target = target
+        self.publisher = publisher
+        self.store = store
+        self.reader = reader
+        self.on_step = on_step
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        began = time.perf_counter()
+        target = self.target
+        frame = frame.persist()
+        try:
+            table = frame.toArrow()
+            kind = table["kind"]
+            changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
+            records = table.filter(pc.equal(kind, RECORD))
+            late = self._late_events(frame, table.filter(pc.equal(kind, LATE)).to_pylist())
+            dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
+            counted = table.filter(pc.equal(kind, STATS))
+            stats = {
+                "events": _sum(counted["events"]) + records.num_rows,
+                "duplicates": _sum(counted["duplicates"]),
+                "late": len(late),
+                "dead_letters": len(dead),
+            }
+            watermark = int(pc.max(table["watermark"]).as_py() or 0)
+            change_rows = [_change(row) for row in changes.to_pylist()]
+            self._step("before-store", batch_id)
+            if self.store is not None and target.redis:
+                self.store.apply(target.name, batch_id, change_rows, stats)
+            self._step("after-store", batch_id)
+            lake_rows = 0
+            for lake in target.lakes:
+                lake_rows = lake.write(self._lake_frame(frame, change_rows), batch_id)
+            self._step("after-lake", batch_id)
+            last = self.publisher.committed(target.name)
+            if last is None or batch_id > last["batch_id"]:
+                out: list[Record] = []
+                for topic in target.topics:
+                    out += self._output_records(topic, change_rows, records, batch_id)
+                out += [self._late_record(r) for r in late]
+                out += [self._dead_letter(r) for r in dead]
+                written = {"kafka_records": len(out), "lake_rows": lake_rows}
+                marker = {
+                    "batch": {**stats, **written},
+                    "totals": _added((last or {}).get("totals", {}), {**stats, **written}),
+                    "watermark": watermark,
+                    "at": iso(datetime.now(UTC)),
+                }
+                self.publisher.publish(
+                    target.name,
+                    batch_id,
+                    out,
+                    marker,
+                    lambda: self._step("in-transaction", batch_id),
+                )
+                if target.status_dir is not None:
+                    _write_status(target.status_dir, target.name, {"batch_id": batch_id, **marker})
+            self._step("after-kafka", batch_id)
+        finally:
+            frame.unpersist()
+        print(
+            f"output {target.name} batch {batch_id}: {table.num_rows} rows, "
+            f"{len(change_rows)} changes, {records.num_rows} records in "
+            f"{time.perf_counter() - began:.2f}s",
+            flush=True,
+        )
+
+    def _step(self, step: str, batch_id: int) -> None:
+        if self.on_step is not None:
+            self.on_step(step, self.target.name, batch_id)
+
+    def _output_records(
+        self, topic: str, changes: list[dict[str, Any]], records: pa.Table, batch_id: int
+    ) -> list[Record]:
+        if self.target.keys or changes:
+            return [self._changelog_record(topic, c, batch_id) for c in changes]
+        keys = self.target.source.keys
+        out: list[Record] = []
+        for text in records["row"].to_pylist():
+            row = json.loads(text)
+            key = json.dumps([row.get(k) for k in keys]).encode() if keys else None
+            out.append((topic, key, text.encode()))
+        return out
+
+    def _changelog_record(self, topic: str, change: dict[str, Any], batch_id: int) -> Record:
+        keys = json.loads(change["key"])
+        value = {
+            **dict(zip(self.target.keys, keys, strict=True)),
+            "window_start": iso(from_epoch_ms(change["window_start"])),
+            "window_end": iso(from_epoch_ms(change["window_end"])),
+            "values": change["values"],
+            "previous": change["previous"],
+            "kind": change["kind"],
+            "version": change["version"],
+            "watermark": iso(from_epoch_ms(change["watermark"])) if change["watermark"] else None,
+            "batch": batch_id,
+        }
+        key = json.dumps([*keys, change["window_start"]]).encode()
+        return topic, key, json.dumps(value).encode()
+
+    def _lake_frame(self, frame: DataFrame, changes: list[dict[str, Any]]) -> DataFrame:
+        """The rows the lake gets: a stream's typed rows, or an aggregate's changes with a
+        column per key and per aggregate."""
+        spark = frame.sparkSession
+        if not self.target.keys and self.target.row_schema is not None:
+            return (
+                frame.where(F.col("kind") == RECORD)
+                .select(F.from_json("row", self.target.row_schema).alias("r"))
+                .select("r.*")
+            )
+        rows = []
+        for change in changes:
+            keys = json.loads(change["key"])
+            rows.append(
+                {
+                    **dict(zip(self.target.keys, keys, strict=True)),
+                    "window_start": from_epoch_ms(change["window_start"]),
+                    "window_end": from_epoch_ms(change["window_end"]),
+                    **(change["values"] or {}),
+                    "kind": change["kind"],
+                    "version": change["version"],
+                }
+            )
+        return spark.createDataFrame(pa.Table.from_pylist(rows)) if rows else spark.range(0)
+
+    def _late_events(self, frame: DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each too-late event with its original bytes, read back from the source by the
+        exact offsets the operator reported."""
+        if not rows:
+            return []
+        wanted: dict[tuple[int, int], dict[str, Any]] = {}
+        for r in rows:
+            for offset in r["offsets"]:
+                wanted[(r["src_partition"], offset)] = r
+        ranges: dict[int, tuple[int, int]] = {}
+        for partition, offset in wanted:
+            low, high = ranges.get(partition, (offset, offset))
+            ranges[partition] = (min(low, offset), max(high, offset))
+        raw = self.reader.read_range(frame.sparkSession, self.target.source.topic, ranges)
+        found = [
+            {
+                **wanted[(r["partition"], r["offset"])],
+                "src_offset": r["offset"],
+                "value": r["value"],
+            }
+            for r in raw.select("partition", "offset", "value").collect()
+            if (r["partition"], r["offset"]) in wanted
+        ]
+        if len(found) != len(wanted):
+            raise PartialBatchError(
+                f"found {len(found)} of the {len(wanted)} too-late events of "
+                f"{self.target.source.topic!r}: not publishing a partial batch"
+            )
+        return sorted(found, key=lambda r: (r["src_partition"], r["src_offset"]))
+
+    def _late_record(self, r: dict[str, Any]) -> Record:
+        keys = json.loads(r["key"])
+        value = {
+            "output": self.target.name,
+            "reason": r["reason"],
+            "watermark": iso(from_epoch_ms(r["watermark"])),
+            "key": dict(zip(self.target.keys, keys, strict=True)),
+            "window_start": iso(from_epoch_ms(r["window_start"])),
+            "window_end": iso(from_epoch_ms(r["window_end"])),
+            "event": bytes(r["value"]).decode("utf-8", errors="replace"),
+            "source_topic": self.target.source.topic,
+            "source_partition": r["src_partition"],
+            "source_offset": r["src_offset"],
+        }
+        return self.target.late_topic, r["key"].encode(), json.dumps(value).encode()
+
+    def _dead_letter(self, r: dict[str, Any]) -> Record:
+        value = r["value"]
+        body = {
+            "error": r["reason"],
+            "schema": self.target.source.schema.name,
+            "job": self.target.job,
+            "source_topic": self.target.source.topic,
+            "source_partition": r["src_partition"],
+            "source_offset": r["src_offset"],
+            "value_base64": base64.b64encode(bytes(value)).decode() if value else None,
+        }
+        return self.target.dlq_topic, None, json.dumps(body).encode()
+
+
+def _change(row: dict[str, Any]) -> dict[str, Any]:
+    values = json.loads(row["values"]) if row["values"] else None
+    previous = json.loads(row["previous"]) if row["previous"] else None
+    final = row["kind"] == "final" or (
+        row["kind"] == "correction" and row["window_end"] <= row["watermark"]
+    )
+    return {**row, "values": values, "previous": previous, "final": final}
+
+
+def _sorted_changes(changes: pa.Table) -> pa.Table:
+    return changes.sort_by(
+        [("key", "ascending"), ("window_start", "ascending"), ("version", "ascending")]
+    )
+
+
+def _added(totals: dict[str, int], batch: dict[str, int]) -> dict[str, int]:
+    return {k: totals.get(k, 0) + batch.get(k, 0) for k in totals.keys() | batch.keys()}
+
+
+def _write_status(folder: Path, output: str, status: dict[str, Any]) -> None:
+    """The output's last batch and running totals, for ``jobs status`` and the service
+    (replaced atomically: a reader sees a whole file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    scratch = folder / f".{output}.json.tmp"
+    scratch.write_text(json.dumps(status, indent=2) + "\n")
+    scratch.replace(folder / f"{output}.json")
+
+
+def _sum(column: pa.ChunkedArray) -> int:
+    return int(pc.sum(column).as_py() or 0)

@@ -1,0 +1,48 @@
+"""Jobs on the job API that the tests start by reference: some wrong on purpose.
+
+Not part of kappaflow; the tests put this directory on the path of the CLI and of the
+jobs' drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from revenue import Order
+
+import kappaflow as kf
+
+
+def revenue_by_buyer(job: kf.Job) -> None:
+    """The revenue example's output ``revenue`` keyed by buyer instead of country: its
+    state no longer fits the example's checkpoint."""
+    orders = job.source(job.param("topic", "orders"), Order, key="buyer", id="order_id")
+    per_buyer = orders.window(tumbling="1m").aggregate("revenue", by="buyer", n=kf.count())
+    per_buyer.to(kf.kafka())
+
+
+def raises(job: kf.Job) -> None:
+    raise RuntimeError("the reference table is not there")
+
+
+def declares_nothing(job: kf.Job) -> None:
+    job.source("orders", Order)
+
+
+def unknown_column(job: kf.Job) -> None:
+    orders = job.source("orders", Order)
+    orders.window(tumbling="1m").aggregate("x", by="region", n=kf.count()).to(kf.kafka())
+
+
+def redis_for_records(job: kf.Job) -> None:
+    job.source("orders", Order).to(kf.redis())
+
+
+@dataclass
+class Untyped:
+    payload: dict  # type: ignore[type-arg]
+    at: kf.EventTime
+
+
+def schema_does_not_compile(job: kf.Job) -> None:
+    job.source("orders", Untyped).to(kf.kafka("out"))

@@ -1,0 +1,218 @@
+"""Jobs on the job API, for real: the revenue example (examples/revenue.py) on the
+broker, Spark, Redis and the lake, through SIGKILLs at every step of a batch's writes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer
+from conftest import REPO, RunCli, error_line
+from faults import CRASH_AT, CRASH_RECORD
+
+from kappaflow.jobs.manager import JobManager
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.settings import Settings
+from kappaflow.streams.lake_read import read_arrow
+from kappaflow.waiting import wait_for
+
+SUPPORT = REPO / "tests" / "support"
+EXAMPLES = REPO / "examples"
+PATH = os.pathsep.join([str(SUPPORT), str(EXAMPLES), os.environ.get("PYTHONPATH", "")])
+
+
+def order(oid: str, buyer: str, country: str, amount: float, at: str) -> dict[str, Any]:
+    return {"order_id": oid, "buyer": buyer, "country": country, "amount": amount, "at": at}
+
+
+def send(settings: Settings, topic: str, values: Sequence[dict[str, Any] | bytes]) -> None:
+    producer = Producer(settings.kafka.client_config())
+    for value in values:
+        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+        key = None if isinstance(value, bytes) else str(value["buyer"]).encode()
+        producer.produce(topic, key=key, value=raw)
+    assert producer.flush(30) == 0
+
+
+def committed_values(settings: Settings, topic: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(m.value() or b"{}")
+        for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
+    ]
+
+
+def status(cli: RunCli, job: str) -> dict[str, Any]:
+    result = cli("jobs", "status", job, "--json")
+    assert result.code == 0, result.err
+    found: dict[str, Any] = json.loads(result.out)
+    return found
+
+
+def wait_totals(cli: RunCli, settings: Settings, job: str, **wanted: int) -> dict[str, Any]:
+    jobs = JobManager(settings)
+
+    def reached() -> dict[str, Any] | None:
+        if jobs.get_state(job) == "failed":
+            raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
+        revenue = status(cli, job)["outputs"].get("revenue", {})
+        return revenue if all(revenue.get(k, -1) >= v for k, v in wanted.items()) else None
+
+    return wait_for(reached, timeout=180, interval=0.5, what=f"{job} to reach {wanted}")
+
+
+@pytest.fixture
+def job_name(serving: Settings) -> Iterator[str]:
+    name = f"revenue-{uuid.uuid4().hex[:8]}"
+    yield name
+    jobs = JobManager(serving)
+    if jobs.get_state(name) == "running":
+        jobs.stop(name)
+
+
+def start(cli: RunCli, job: str, topic: str, crash: str | None, record: Path) -> None:
+    reference = ["--pipeline", "faults:REVENUE_WITH_CRASH"] if crash else ["--app", "revenue:build"]
+    env = {"PYTHONPATH": PATH, CRASH_AT: crash or "", CRASH_RECORD: str(record)}
+    result = cli("jobs", "start", job, *reference, "-P", f"topic={topic}", env=env)
+    assert result.code == 0, result.err
+
+
+def test_a_job_with_three_sinks_through_a_crash_at_every_step(
+    cli: RunCli,
+    serving: Settings,
+    new_topic: Callable[..., str],
+    job_name: str,
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(partitions=2)
+    first = [
+        order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z"),
+        order("o2", "bob", "DE", 30.0, "2026-11-23T10:00:20Z"),
+        order("o2", "bob", "DE", 30.0, "2026-11-23T10:00:20Z"),
+        order("o3", "cy", "FR", 7.5, "2026-11-23T10:00:40Z"),
+    ]
+    send(serving, topic, [*first, b"{not json"])
+    record = tmp_path / "crash.json"
+    jobs = JobManager(serving)
+    start(cli, job_name, topic, "after-store:1", record)
+    wait_totals(cli, serving, job_name, events=3, duplicates=1, dead_letters=1)
+    # Batch 1 and its re-runs crash at each step in turn; the last start has no fault.
+    send(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")])
+    steps = ["after-store", "in-transaction", "after-lake", "after-kafka", None]
+    for step, following in itertools.pairwise(steps):
+        wait_for(
+            lambda: True if jobs.get_state(job_name) == "crashed" else None,
+            timeout=180,
+            what=f"the crash at {step}",
+        )
+        crashed = json.loads(record.read_text())
+        assert (crashed["step"], crashed["output"]) == (step, "revenue")
+        assert crashed["batch"] >= 1
+        start(cli, job_name, topic, f"{following}:1" if following else None, record)
+    later = [
+        order("o6", "gus", "FR", 2.0, "2026-11-23T10:01:20Z"),
+        order("o9", "eve", "DE", 20.0, "2026-11-23T10:00:50Z"),  # a correction
+        order("o7", "bob", "FR", 1.0, "2026-11-23T10:07:00Z"),
+    ]
+    send(serving, topic, later)
+    wait_totals(cli, serving, job_name, events=8)
+    send(serving, topic, [order("o8", "fay", "DE", 99.0, "2026-11-23T10:00:59Z")])  # too late
+    totals = wait_totals(cli, serving, job_name, events=8, late=1)
+
+    # Accounting: every record read is passed, dropped as a duplicate, late or dead.
+    assert (totals["events"], totals["duplicates"], totals["late"], totals["dead_letters"]) == (
+        8,
+        1,
+        1,
+        1,
+    )
+    assert totals["events_read"] == 11 == 8 + 1 + 1 + 1
+
+    # Redis holds each window's final values, computed here without the engine.
+    store = redis.Redis.from_url(serving.redis.effective_url)
+    held = {
+        (json.loads(key.decode().rsplit(":w:", 1)[1])[0], int(start)): json.loads(value)
+        for key in store.scan_iter(f"kf:{job_name}:revenue:w:*")
+        for start, value in store.hgetall(key).items()
+    }
+    minute = 1_795_428_000_000  # 2026-11-23T10:00:00Z
+    totals_by_window = {k: v["values"]["total"] for k, v in held.items()}
+    assert totals_by_window == {
+        ("DE", minute): 60.0,
+        ("DE", minute + 60_000): 5.0,
+        ("FR", minute): 7.5,
+        ("FR", minute + 60_000): 2.0,
+        ("FR", minute + 420_000): 1.0,
+    }
+    assert held[("DE", minute)]["values"]["buyers"] == 3
+
+    # The changelog: no change published twice or lost, each after the one before.
+    changes = committed_values(serving, f"{job_name}.revenue")
+    identities = [(c["country"], c["window_start"], c["version"]) for c in changes]
+    assert len(identities) == len(set(identities)), "a change was published twice"
+    history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for change in changes:
+        history[(change["country"], change["window_start"])].append(change)
+    for versions in history.values():
+        assert [c["version"] for c in versions] == list(range(1, len(versions) + 1))
+        for before, after in itertools.pairwise(versions):
+            assert after["previous"] == before["values"]
+    assert {k: v[-1]["values"]["total"] for k, v in history.items()} == {
+        (country, _iso(start)): total for (country, start), total in totals_by_window.items()
+    }
+
+    # The lake holds each change once, as the changelog does.
+    lake = read_arrow(f"{serving.lake_root}/{job_name}/revenue").to_pylist()
+    rows = [(r["country"], r["version"], r["kind"], r["total"]) for r in lake]
+    assert sorted(rows) == sorted(
+        (c["country"], c["version"], c["kind"], c["values"]["total"]) for c in changes
+    )
+
+    [late] = committed_values(serving, f"{job_name}.late")
+    assert json.loads(late["event"])["order_id"] == "o8"
+    [dead] = committed_values(serving, f"{job_name}.dlq")
+    assert dead["error"] == "not valid JSON" or "JSON" in dead["error"]
+
+    # A restart that changes what the output's state holds is refused, with what changed.
+    check = cli(
+        "jobs",
+        "check",
+        job_name,
+        "--app",
+        "jobs_under_test:revenue_by_buyer",
+        "-P",
+        f"topic={topic}",
+        env={"PYTHONPATH": PATH},
+    )
+    assert "by: ['country'] -> ['buyer']" in error_line(check, "KF735", 1)
+
+
+def _iso(millis: int) -> str:
+    from kappaflow.timeutil import from_epoch_ms, iso
+
+    return iso(from_epoch_ms(millis))
+
+
+def test_check_prints_the_plan(cli: RunCli, new_topic: Callable[..., str]) -> None:
+    topic = new_topic()
+    result = cli(
+        "jobs", "check", "--app", "revenue:build", "-P", f"topic={topic}", "--json",
+        env={"PYTHONPATH": PATH},
+    )
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    [source] = plan["sources"]
+    assert (source["topic"], source["topic_exists"], source["id"]) == (topic, True, "order_id")
+    assert (source["watermark_ms"], source["allowed_lateness_ms"]) == (10_000, 300_000)
+    [output] = plan["outputs"]
+    assert output["by"] == ["country"] and output["window"]["size_ms"] == 60_000
+    assert [next(iter(s)) for s in output["sinks"]] == ["kafka", "redis", "parquet"]
+    assert plan["restart"] == "compatible"

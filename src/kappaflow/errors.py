@@ -393,6 +393,42 @@ class StreamError(KappaflowError, ValueError):
     exit_code = 2
 
 
+class UnknownAggregateError(StreamError, LookupError):
+    """An aggregate of a kind kappaflow does not have."""
+
+    code = "KF711"
+
+
+class AggregateColumnError(StreamError):
+    """An aggregate's column is not a non-empty name, or the events lack it."""
+
+    code = "KF712"
+
+
+class NonNumericColumnError(StreamError, TypeError):
+    """A numeric aggregate (sum, min, max, mean, approx_quantiles) over a column that is
+    not numeric."""
+
+    code = "KF713"
+
+
+class QuantilesError(StreamError):
+    """approx_quantiles was given no quantiles, one outside (0, 1), or one twice."""
+
+    code = "KF714"
+
+
+class WindowSpecError(StreamError):
+    """A window's size, slide, watermark or lateness is out of range."""
+
+    code = "KF715"
+
+
+class AggregatesSpecError(StreamError):
+    """The windowed aggregates' declaration is wrong: no aggregates, a bad name, a value
+    that is not an aggregate, or a key or id column the events lack."""
+
+    code = "KF716"
 class InvalidSinkError(StreamError):
     """A sink is declared wrong: a bad topic or table name, or a sink that cannot take
     what it is given (the serving store takes windowed results only)."""

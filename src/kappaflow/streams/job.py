@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,9 +31,6 @@ from kappaflow.streams.parsing import parse_records
 from kappaflow.streams.schema import RecordSchema, compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink, Sink
 from kappaflow.timeutil import parse_duration
-
-if TYPE_CHECKING:
-    from kappaflow.streams.windowing import WindowSpec
 
 #: The columns kappaflow keeps beside a stream's own.
 TIME, PARTITION, OFFSET = "_kf_time", "_kf_partition", "_kf_offset"
@@ -62,6 +59,14 @@ class Source:
     watermark_ms: int
     lateness_ms: int
     start: str
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Event-time windows: ``size_ms`` long, starting every ``slide_ms`` (tumbling: None)."""
+
+    size_ms: int
+    slide_ms: int | None
 
 
 @dataclass
@@ -236,8 +241,6 @@ class Stream:
         sliding: tuple[str | timedelta, str | timedelta] | None = None,
     ) -> Windowed:
         """Event-time windows: ``tumbling=size`` or ``sliding=(size, slide)``."""
-        from kappaflow.streams.windowing import WindowSpec
-
         if (tumbling is None) == (sliding is None):
             raise InvalidWindowError("give exactly one of tumbling= and sliding=")
         if tumbling is not None:

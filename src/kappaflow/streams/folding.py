@@ -1,0 +1,196 @@
+"""Reducing rows to partials per group, and the fold step before the window state.
+
+The stateful operator costs per row it receives, and most events of a micro-batch repeat
+a (window, key). The fold step (``Folder``, a stateless ``mapInArrow``) reduces them per
+(window, shard, key, primary, source partition) to one row carrying the aggregates'
+partials, how many events it stands for, how many of them the partials count, and the
+range of source offsets they came from (so that too-late events can be reported).
+
+With an id column, events are deduplicated per window: an event counts only the first
+time its id is seen in the window. The fold cannot know which ids the window saw in
+earlier batches, and a partial cannot take an event back out, so with ids it folds per id
+as well (``id_hash`` is part of the group): the window state then keeps or drops each
+id's row whole. Events without an id fold together and always count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kappaflow.streams.aggregates import Aggregate, Partial
+
+#: The fold's groups; ``id_hash`` is null without an id column.
+GROUP = ["window_start", "shard", "key", "primary", "src_partition", "id_hash"]
+#: 1 for an event the partials count, 0 for a duplicate within the batch.
+WEIGHT = "_kf_weight"
+#: Rows folded at once; bounds the Python worker's memory on a huge batch.
+FOLD_ROWS = 500_000
+_ROW = "_kf_row"
+_SQL = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.binary(): "BINARY"}
+
+
+def input_name(i: int) -> str:
+    """The fold's input column of the ``i``-th aggregate (whatever the user's name)."""
+    return f"in{i}"
+
+
+def partial_name(i: int, part: Partial) -> str:
+    # No leading underscore: Spark hands the stateful processor such columns renamed.
+    return f"p{i}_{part.suffix}"
+
+
+def partial_fields(aggregates: Sequence[Aggregate]) -> list[pa.Field]:
+    return [
+        pa.field(partial_name(i, part), part.type)
+        for i, agg in enumerate(aggregates)
+        for part in agg.partials()
+    ]
+
+
+def folded_schema(aggregates: Sequence[Aggregate]) -> pa.Schema:
+    """What the fold step emits and the window state takes."""
+    return pa.schema(
+        [
+            ("window_start", pa.int64()),
+            ("shard", pa.int32()),
+            ("key", pa.string()),
+            ("primary", pa.bool_()),
+            ("src_partition", pa.int32()),
+            ("id_hash", pa.int64()),
+            ("events", pa.int64()),
+            ("counted", pa.int64()),
+            ("first_offset", pa.int64()),
+            ("last_offset", pa.int64()),
+            *partial_fields(aggregates),
+        ]
+    )
+
+
+def ddl(schema: pa.Schema) -> str:
+    """``schema`` in Spark's DDL."""
+    sql = {**_SQL, pa.string(): "STRING", pa.int32(): "INT", pa.bool_(): "BOOLEAN"}
+    return ", ".join(f"{field.name} {sql[field.type]}" for field in schema)
+
+
+def reduce_groups(
+    table: pa.Table,
+    group: list[str],
+    aggregates: Sequence[Aggregate],
+    *,
+    raw: bool,
+    extra: Sequence[tuple[str, str]] = (),
+) -> pa.Table:
+    """One row per group of ``table``: the group columns, each ``extra`` hash aggregation
+    (named ``column_function``) and the aggregates' partials.
+
+    ``raw``: ``table`` holds input rows (``input_name`` columns and ``WEIGHT``), else
+    partial rows (``partial_name`` columns) to merge.
+    """
+    specs: list[tuple[str, str]] = list(extra)
+    sketches = False
+    for i, agg in enumerate(aggregates):
+        for part in agg.partials():
+            function = part.fold if raw else part.merge
+            if function is None:
+                sketches = True
+            else:
+                specs.append((_source(i, agg, part, raw), function))
+    specs = list(dict.fromkeys(specs))
+    if sketches:
+        table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype="int64")))
+        specs.append((_ROW, "list"))
+    grouped = table.group_by(group, use_threads=False).aggregate(specs)
+    columns = {name: grouped[name] for name in group}
+    columns.update({f"{c}_{f}": grouped[f"{c}_{f}"] for c, f in extra})
+    rows = grouped[f"{_ROW}_list"].combine_chunks() if sketches else None
+    for i, agg in enumerate(aggregates):
+        for part in agg.partials():
+            function = part.fold if raw else part.merge
+            source = _source(i, agg, part, raw)
+            if function is not None:
+                columns[partial_name(i, part)] = grouped[f"{source}_{function}"].cast(part.type)
+                continue
+            assert rows is not None
+            values = table[source].combine_chunks()
+            blobs = [
+                agg.fold_group(values.take(owned.values))
+                if raw
+                else agg.merge_group(values.take(owned.values).to_pylist())
+                for owned in rows
+            ]
+            columns[partial_name(i, part)] = pa.array(blobs, part.type)
+    return pa.table(columns)
+
+
+def _source(i: int, agg: Aggregate, part: Partial, raw: bool) -> str:
+    if not raw:
+        return partial_name(i, part)
+    return input_name(i) if agg.column is not None else WEIGHT
+
+
+class Folder:
+    """The ``mapInArrow`` function. Input columns: ``GROUP`` but ``key`` already the JSON
+    text of the key, ``src_offset``, and ``input_name(i)`` per aggregate with a column."""
+
+    def __init__(self, aggregates: Sequence[Aggregate]) -> None:
+        self.aggregates = list(aggregates)
+        self.schema = folded_schema(self.aggregates)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in batches:
+            pending.append(batch)
+            rows += batch.num_rows
+            if rows >= FOLD_ROWS:
+                yield from self.fold(pa.Table.from_batches(pending)).to_batches()
+                pending, rows = [], 0
+        if pending:
+            yield from self.fold(pa.Table.from_batches(pending)).to_batches()
+
+    def fold(self, table: pa.Table) -> pa.Table:
+        weight = _first_of_each_id(table)
+        table = table.append_column(WEIGHT, weight)
+        counts = pc.greater(weight, 0)
+        for i, agg in enumerate(self.aggregates):
+            if agg.column is not None and pc.any(pc.invert(counts)).as_py():
+                # A duplicate's value must not reach the partials.
+                column = table[input_name(i)]
+                masked = pc.if_else(counts, column, pa.nulls(len(column), column.type))
+                table = table.set_column(
+                    table.schema.get_field_index(input_name(i)), input_name(i), masked
+                )
+        extra = [
+            ("src_offset", "count"),
+            (WEIGHT, "sum"),
+            ("src_offset", "min"),
+            ("src_offset", "max"),
+        ]
+        grouped = reduce_groups(table, GROUP, self.aggregates, raw=True, extra=extra)
+        columns = {name: grouped[name] for name in GROUP}
+        columns["events"] = grouped["src_offset_count"]
+        columns["counted"] = grouped[f"{WEIGHT}_sum"]
+        columns["first_offset"] = grouped["src_offset_min"]
+        columns["last_offset"] = grouped["src_offset_max"]
+        columns.update({f.name: grouped[f.name] for f in partial_fields(self.aggregates)})
+        return pa.table(columns).cast(self.schema)
+
+
+def _first_of_each_id(table: pa.Table) -> pa.Array:
+    """1 for each event without an id or first with its id in its (window, shard), else 0."""
+    n = table.num_rows
+    ids = table["id_hash"]
+    if ids.null_count == n:
+        return pa.array(np.ones(n, dtype="int64"))
+    rows = pa.array(np.arange(n, dtype="int64"))
+    firsts = (
+        pa.table({"w": table["window_start"], "s": table["shard"], "i": ids, "r": rows})
+        .group_by(["w", "s", "i"], use_threads=False)
+        .aggregate([("r", "min")])["r_min"]
+    )
+    first = pc.or_(pc.is_null(ids), pc.is_in(rows, value_set=firsts))
+    return pc.cast(first, pa.int64())

@@ -1,0 +1,453 @@
+"""Windowed aggregates by event time: provisional, final, correction and late.
+
+``aggregate_windows`` generalises the counting job's window state machine
+(kappaflow/counting/windows.py) from a count to the aggregates users declare
+(aggregates.py). Events are windowed in Spark SQL, folded per (window, key) to partials
+(folding.py), then merged per (window, shard) by ``WindowAggregator``, a stateful
+processor whose state value holds, for all keys of a shard in a window, their partials
+and the version that orders their changes (an Arrow table), the ids already counted and
+whether the window is final.
+
+Per micro-batch a key whose values change gets one change: ``provisional`` before the
+watermark passes the window's end, ``correction`` after. A timer at the end emits
+``final`` for every key, one at end + lateness forgets the window (``closed``); events for
+a forgotten window come out as ``late`` rows (one per folded row, with its count and
+offset range), never silently dropped. Each group also emits a ``stats`` row per batch.
+
+The watermark is declared on a column dropped before the operator: Spark still fires
+the timers by it but no longer drops late rows before the operator sees them (as
+counting/pipeline.py does). Session windows would be another processor over the same
+fold and output (the state keyed by key instead of window).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from kappaflow.counting.arrow_ipc import (
+    PACKED_SCHEMA,
+    PackedProcessor,
+    table_from_ipc,
+    table_to_ipc,
+)
+from kappaflow.counting.rows import CLOSED, CORRECTION, FINAL, LATE, PROVISIONAL, SHARDS, STATS
+from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
+from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.folding import (
+    Folder,
+    ddl,
+    folded_schema,
+    input_name,
+    partial_fields,
+    partial_name,
+    reduce_groups,
+)
+from kappaflow.timeutil import from_epoch_ms, iso
+
+#: Everything the operator emits, unpacked.
+OUTPUT_ARROW_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("key", pa.string()),
+        ("window_start", pa.int64()),
+        ("window_end", pa.int64()),
+        ("values", pa.string()),
+        ("previous", pa.string()),
+        ("version", pa.int64()),
+        ("watermark", pa.int64()),
+        ("events", pa.int64()),
+        ("duplicates", pa.int64()),
+        ("reason", pa.string()),
+        ("src_partition", pa.int32()),
+        ("src_offset", pa.int64()),
+        ("src_offset_end", pa.int64()),
+    ]
+)
+OUTPUT_SCHEMA = ddl(OUTPUT_ARROW_SCHEMA)
+STATE_SCHEMA = "partials BINARY, ids BINARY, final BOOLEAN"
+#: Columns the events must have besides keys, aggregated columns and id.
+SOURCE_COLUMNS = ("_kf_time", "_kf_partition", "_kf_offset")
+
+
+def aggregate_windows(
+    events: DataFrame,
+    *,
+    keys: Sequence[str],
+    aggregates: Mapping[str, Aggregate],
+    size_ms: int,
+    slide_ms: int | None,
+    watermark_ms: int,
+    lateness_ms: int,
+    id_column: str | None,
+) -> DataFrame:
+    """The changes, late events and statistics of ``aggregates`` per key and window
+    (OUTPUT_SCHEMA); tumbling windows, or sliding ones with ``slide_ms``."""
+    step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
+    names, bound = _bind(events, keys, aggregates, id_column)
+    key_json = (
+        F.concat(
+            F.lit("["),
+            F.concat_ws(
+                ",", *[F.regexp_replace(F.to_json(F.array(F.col(k))), r"^\[|\]$", "") for k in keys]
+            ),
+            F.lit("]"),
+        )
+        if keys
+        else F.lit("[]")
+    )
+    newest = F.floor(F.col("_kf_time") / step) * step
+    windowed = (
+        events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
+        .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
+        .drop("_kf_event_time")
+        .withColumn("_kf_back", F.explode(F.sequence(F.lit(0), F.lit(size_ms // step - 1))))
+        .withColumn("_kf_key", key_json)
+    )
+    selected = windowed.select(
+        (newest - F.col("_kf_back") * step).cast("long").alias("window_start"),
+        F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)).cast("int").alias("shard"),
+        F.col("_kf_key").alias("key"),
+        (F.col("_kf_back") == 0).alias("primary"),
+        F.col("_kf_partition").cast("int").alias("src_partition"),
+        (F.when(F.col(id_column).isNotNull(), F.xxhash64(id_column)) if id_column else F.lit(None))
+        .cast("long")
+        .alias("id_hash"),
+        F.col("_kf_offset").cast("long").alias("src_offset"),
+        *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
+    )
+    folded = selected.mapInArrow(Folder(bound), ddl(folded_schema(bound)))
+    processor = WindowAggregator(names, bound, size_ms, lateness_ms, dedup=id_column is not None)
+    packed = folded.groupBy("window_start", "shard").transformWithStateInPandas(
+        statefulProcessor=PackedProcessor(processor),
+        outputStructType=PACKED_SCHEMA,
+        outputMode="Update",
+        timeMode="EventTime",
+    )
+    return packed.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
+
+
+def _check_windows(size_ms: int, slide_ms: int | None, watermark_ms: int, lateness_ms: int) -> int:
+    """The windows' step (the slide, or the size for tumbling windows)."""
+    if size_ms <= 0:
+        raise WindowSpecError(f"window size must be positive, got {size_ms} ms")
+    step = size_ms if slide_ms is None else slide_ms
+    if step <= 0 or size_ms % step:
+        raise WindowSpecError(
+            f"window slide must be positive and divide the size {size_ms} ms, got {step} ms"
+        )
+    for name, value in (("watermark", watermark_ms), ("lateness", lateness_ms)):
+        if value < 0:
+            raise WindowSpecError(f"{name} must not be negative, got {value} ms")
+    return step
+
+
+def _bind(
+    events: DataFrame,
+    keys: Sequence[str],
+    aggregates: Mapping[str, Aggregate],
+    id_column: str | None,
+) -> tuple[list[str], list[Aggregate]]:
+    """The aggregates' names and the aggregates bound to their columns' types."""
+    if not aggregates:
+        raise AggregatesSpecError("no aggregates: declare at least one, e.g. count()")
+    types = {field.name: field.dataType for field in events.schema.fields}
+    for column in (*keys, *([id_column] if id_column else []), *SOURCE_COLUMNS):
+        if column not in types:
+            raise AggregatesSpecError(f"events have no column {column!r} (columns: {list(types)})")
+    bound: list[Aggregate] = []
+    for name, agg in aggregates.items():
+        if not isinstance(name, str) or not name:
+            raise AggregatesSpecError(f"aggregate name must be a non-empty string, got {name!r}")
+        if not isinstance(agg, Aggregate):
+            raise AggregatesSpecError(f"aggregate {name!r} is {agg!r}, not an aggregate")
+        if agg.column is not None and agg.column not in types:
+            raise AggregateColumnError(
+                f"aggregate {name!r}: events have no column {agg.column!r} (columns: {list(types)})"
+            )
+        arrow = to_arrow_type(types[agg.column]) if agg.column is not None else None
+        bound.append(agg.bind(arrow))
+    return list(aggregates), bound
+
+
+def unpack_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` after the operator: its packed rows as OUTPUT_SCHEMA rows."""
+    for batch in batches:
+        for blob in batch.column("rows").to_pylist():
+            if blob:
+                yield from table_from_ipc(blob).cast(OUTPUT_ARROW_SCHEMA).to_batches()
+
+
+def output_table(n: int, **columns: Any) -> pa.Table:
+    """``n`` output rows; columns not given are 0 (numbers), -1 (partition) or null."""
+    arrays: list[pa.Array | pa.ChunkedArray] = []
+    for field in OUTPUT_ARROW_SCHEMA:
+        values = columns.get(field.name)
+        if isinstance(values, pa.ChunkedArray | pa.Array):
+            arrays.append(values.cast(field.type))
+        elif values is not None:
+            arrays.append(pa.array(values, type=field.type))
+        elif field.name == "src_partition":
+            arrays.append(pa.array(np.full(n, -1, dtype="int32")))
+        elif field.type == pa.int64():
+            arrays.append(pa.array(np.zeros(n, dtype="int64")))
+        else:
+            arrays.append(pa.nulls(n, field.type))
+    return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
+
+
+class WindowState(NamedTuple):
+    """A window shard's state value (STATE_SCHEMA)."""
+
+    #: Each key's partials and version: Arrow IPC bytes of ``WindowAggregator.held``.
+    partials: bytes
+    #: The id hashes already counted in the window (int64s; empty without an id).
+    ids: bytes
+    #: Whether the watermark has passed the window's end.
+    final: bool
+
+
+_NO_IDS = np.zeros(0, dtype="int64")
+
+
+class WindowAggregator(StatefulProcessor):
+    """The state machine per (window_start, shard); see the module's docstring."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        aggregates: Sequence[Aggregate],
+        size_ms: int,
+        lateness_ms: int,
+        dedup: bool,
+    ) -> None:
+        self.names = list(names)
+        self.aggregates = list(aggregates)
+        self.size_ms = size_ms
+        self.lateness_ms = lateness_ms
+        self.dedup = dedup
+        self.folded = folded_schema(self.aggregates)
+        self.partials = [f.name for f in partial_fields(self.aggregates)]
+        self.held = pa.schema(
+            [("key", pa.string()), ("version", pa.int64()), *partial_fields(self.aggregates)]
+        )
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.state = handle.getValueState("window", STATE_SCHEMA)
+
+    def handleInputRows(  # type: ignore[override]
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pa.Table]:
+        watermark = timerValues.getCurrentWatermarkInMs()
+        frame = pd.concat(list(rows), ignore_index=True)
+        folded = pa.Table.from_pandas(frame, schema=self.folded, preserve_index=False)
+        start = int(key[0])
+        end = start + self.size_ms
+        if end + self.lateness_ms <= watermark:
+            yield self._too_late(folded.filter(folded["primary"]), start, end, watermark)
+            return
+        stored = self._stored()
+        held = self._held(stored)
+        seen = np.frombuffer(stored.ids, dtype="int64") if stored and stored.ids else None
+        final = bool(stored.final) if stored else False
+        counted = folded["counted"].to_numpy()
+        if self.dedup:
+            counted, seen = _fresh(folded, counted, seen)
+        primary = folded["primary"].to_numpy(zero_copy_only=False)
+        events = folded["events"].to_numpy()
+        stats = output_table(
+            1,
+            kind=[STATS],
+            window_start=[start],
+            window_end=[end],
+            watermark=[watermark],
+            events=[int(counted[primary].sum())],
+            duplicates=[int((events - counted)[primary].sum())],
+        )
+        if stored is None:
+            # A new window: its timers, once (re-registering one only logs a warning).
+            if end > watermark:
+                self.handle.registerTimer(end)
+            if self.lateness_ms or end <= watermark:
+                self.handle.registerTimer(end + self.lateness_ms)
+        out = [stats]
+        if stored is not None and not final and end <= watermark:
+            # The watermark passed the end but the timer has not fired yet (Spark runs
+            # the timers after the input): the window becomes final first, and this
+            # batch's events correct it.
+            held, finals = self._finalized(held, start, end, watermark)
+            out.append(finals)
+        dirty = stored is None or len(out) > 1
+        final = final or end <= watermark
+        kept = folded.filter(pa.array(counted > 0))
+        if kept.num_rows:
+            held, changes = self._merge(held, kept, start, end, watermark, final)
+            out.append(changes)
+            dirty = True
+        if dirty:
+            ids = seen.tobytes() if seen is not None else b""
+            self.state.update(WindowState(table_to_ipc(held), ids, final))
+        yield pa.concat_tables(out)
+
+    def _merge(
+        self, held: pa.Table, kept: pa.Table, start: int, end: int, watermark: int, final: bool
+    ) -> tuple[pa.Table, pa.Table]:
+        """The keys' partials with ``kept`` merged in, and the changes that makes."""
+        batch = reduce_groups(kept, ["key"], self.aggregates, raw=False)
+        columns = ["key", *self.partials]
+        touched = pc.is_in(held["key"], value_set=batch["key"])
+        both = pa.concat_tables([held.filter(touched).select(columns), batch.select(columns)])
+        now = reduce_groups(both, ["key"], self.aggregates, raw=False)
+        index = pc.index_in(now["key"], value_set=held["key"])
+        before = held.take(index)
+        values, previous = self._values(now), self._values(before)
+        is_new = pc.is_null(index).to_numpy(zero_copy_only=False)
+        changed = is_new | (np.array(values, dtype=object) != np.array(previous, dtype=object))
+        version = pc.fill_null(before["version"], 0).to_numpy() + changed
+        now = now.append_column("version", pa.array(version, pa.int64())).select(self.held.names)
+        held = pa.concat_tables([held.filter(pc.invert(touched)), now.cast(self.held)])
+        kind = CORRECTION if final else PROVISIONAL
+        mask = pa.array(changed)
+        out = output_table(
+            int(changed.sum()),
+            kind=[kind] * int(changed.sum()),
+            key=now["key"].filter(mask),
+            window_start=np.full(changed.sum(), start),
+            window_end=np.full(changed.sum(), end),
+            watermark=np.full(changed.sum(), watermark),
+            values=[v for v, c in zip(values, changed, strict=True) if c],
+            previous=[
+                None if n else p for p, n, c in zip(previous, is_new, changed, strict=True) if c
+            ],
+            version=pa.array(version, pa.int64()).filter(mask),
+        )
+        return held, out
+
+    def _finalized(
+        self, held: pa.Table, start: int, end: int, watermark: int
+    ) -> tuple[pa.Table, pa.Table]:
+        """Every key one version on, and its ``final`` row (values = previous = now)."""
+        n = held.num_rows
+        version = pc.add(held["version"], 1)
+        held = held.set_column(1, "version", version)
+        values = self._values(held)
+        return held, output_table(
+            n,
+            kind=[FINAL] * n,
+            key=held["key"],
+            window_start=np.full(n, start),
+            window_end=np.full(n, end),
+            watermark=np.full(n, watermark),
+            values=values,
+            previous=values,
+            version=version,
+        )
+
+    def _values(self, partials: pa.Table) -> list[str]:
+        """Each row's values as a JSON object (name → value, in declaration order)."""
+        results = [
+            agg.results([partials[partial_name(i, p)].combine_chunks() for p in agg.partials()])
+            for i, agg in enumerate(self.aggregates)
+        ]
+        return [
+            json.dumps(dict(zip(self.names, row, strict=True)), separators=(",", ":"))
+            for row in zip(*results, strict=True)
+        ]
+
+    def _held(self, stored: WindowState | None) -> pa.Table:
+        if stored is None or not stored.partials:
+            return self.held.empty_table()
+        return table_from_ipc(stored.partials).cast(self.held)
+
+    def _stored(self) -> WindowState | None:
+        """The state value, if the window has one (Spark returns it as a plain tuple)."""
+        stored = self.state.get()
+        return WindowState(*stored) if stored is not None else None
+
+    def _too_late(self, late: pa.Table, start: int, end: int, watermark: int) -> pa.Table:
+        """The too-late events, through their newest window: one row per folded row."""
+        n = late.num_rows
+        reason = (
+            f"too late: window {iso(from_epoch_ms(start))}/{iso(from_epoch_ms(end))} "
+            f"stopped taking corrections {self.lateness_ms} ms after the watermark "
+            f"passed its end (watermark {iso(from_epoch_ms(watermark))})"
+        )
+        return output_table(
+            n,
+            kind=[LATE] * n,
+            key=late["key"],
+            window_start=np.full(n, start),
+            window_end=np.full(n, end),
+            watermark=np.full(n, watermark),
+            events=late["events"],
+            reason=[reason] * n,
+            src_partition=late["src_partition"],
+            src_offset=late["first_offset"],
+            src_offset_end=late["last_offset"],
+        )
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pa.Table]:
+        start = int(key[0])
+        end = start + self.size_ms
+        expiry = expiredTimerInfo.getExpiryTimeInMs()
+        watermark = timerValues.getCurrentWatermarkInMs()
+        stored = self._stored()
+        if stored is None:
+            return
+        held = self._held(stored)
+        tables: list[pa.Table] = []
+        if expiry == end and not stored.final:
+            held, finals = self._finalized(held, start, end, watermark)
+            self.state.update(stored._replace(partials=table_to_ipc(held), final=True))
+            tables.append(finals)
+        if expiry == end + self.lateness_ms:
+            # No correction can come any more: forget the window and its ids.
+            self.state.clear()
+            tables.append(
+                output_table(
+                    1, kind=[CLOSED], window_start=[start], window_end=[end], watermark=[watermark]
+                )
+            )
+        if tables:
+            yield pa.concat_tables(tables)
+
+    def close(self) -> None:
+        pass
+
+
+def _fresh(
+    folded: pa.Table, counted: np.ndarray, seen: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per folded row, the events that count now, and the ids the window has counted.
+
+    A row with an id stands for one id (folding.py): it counts if it counted in its fold,
+    the window has not seen the id, and no earlier row of this batch has it."""
+    ids = folded["id_hash"]
+    has_id = pc.is_valid(ids).to_numpy(zero_copy_only=False)
+    hashes = pc.fill_null(ids, 0).to_numpy()
+    known = seen if seen is not None else _NO_IDS
+    candidate = has_id & (counted > 0) & ~np.isin(hashes, known)
+    first = np.zeros(len(hashes), dtype=bool)
+    where = np.flatnonzero(candidate)
+    first[where] = ~pd.Series(hashes[where]).duplicated().to_numpy()
+    keep = ~has_id | (candidate & first)
+    counted = np.where(keep, counted, 0)
+    return counted, np.union1d(known, hashes[has_id & keep])

@@ -197,6 +197,7 @@ def test_values_grow_then_become_final_then_take_corrections_then_close() -> Non
         (r["kind"], r["key"], r["events"], r["src_partition"], r["src_offset"], r["src_offset_end"])
         for r in out
     ] == [("late", '["DE"]', 2, 3, 40, 42)]
+    assert list(out[0]["offsets"]) == [40, 42]
     assert out[0]["reason"].startswith("too late: window 1970-01-01T00:10:00")
     assert t.peekValueState("window", START) is None
 
@@ -339,7 +340,8 @@ def test_a_streaming_query_emits_provisional_final_correction_and_late(
     assert out.schema.simpleString() == (
         "struct<kind:string,key:string,window_start:bigint,window_end:bigint,values:string,"
         "previous:string,version:bigint,watermark:bigint,events:bigint,duplicates:bigint,"
-        "reason:string,src_partition:int,src_offset:bigint,src_offset_end:bigint>"
+        "reason:string,src_partition:int,src_offset:bigint,src_offset_end:bigint,"
+        "offsets:array<bigint>>"
     )
     batches: list[list[dict[str, Any]]] = []
 

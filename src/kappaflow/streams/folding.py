@@ -4,7 +4,8 @@ The stateful operator costs per row it receives, and most events of a micro-batc
 a (window, key). The fold step (``Folder``, a stateless ``mapInArrow``) reduces them per
 (window, shard, key, primary, source partition) to one row carrying the aggregates'
 partials, how many events it stands for, how many of them the partials count, and the
-range of source offsets they came from (so that too-late events can be reported).
+range and the list of source offsets they came from (so that too-late events can be
+read back and reported one by one).
 
 With an id column, events are deduplicated per window: an event counts only the first
 time its id is seen in the window. The fold cannot know which ids the window saw in
@@ -30,7 +31,12 @@ WEIGHT = "_kf_weight"
 #: Rows folded at once; bounds the Python worker's memory on a huge batch.
 FOLD_ROWS = 500_000
 _ROW = "_kf_row"
-_SQL = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.binary(): "BINARY"}
+_SQL = {
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.binary(): "BINARY",
+    pa.list_(pa.int64()): "ARRAY<BIGINT>",
+}
 
 
 def input_name(i: int) -> str:
@@ -65,6 +71,7 @@ def folded_schema(aggregates: Sequence[Aggregate]) -> pa.Schema:
             ("counted", pa.int64()),
             ("first_offset", pa.int64()),
             ("last_offset", pa.int64()),
+            ("offsets", pa.list_(pa.int64())),
             *partial_fields(aggregates),
         ]
     )
@@ -169,6 +176,7 @@ class Folder:
             (WEIGHT, "sum"),
             ("src_offset", "min"),
             ("src_offset", "max"),
+            ("src_offset", "list"),
         ]
         grouped = reduce_groups(table, GROUP, self.aggregates, raw=True, extra=extra)
         columns = {name: grouped[name] for name in GROUP}
@@ -176,6 +184,9 @@ class Folder:
         columns["counted"] = grouped[f"{WEIGHT}_sum"]
         columns["first_offset"] = grouped["src_offset_min"]
         columns["last_offset"] = grouped["src_offset_max"]
+        # Each event's own offset: a too-late event is read back from the source by it,
+        # whatever the job's own filters did around it.
+        columns["offsets"] = grouped["src_offset_list"]
         columns.update({f.name: grouped[f.name] for f in partial_fields(self.aggregates)})
         return pa.table(columns).cast(self.schema)
 

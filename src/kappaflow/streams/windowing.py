@@ -77,6 +77,7 @@ OUTPUT_ARROW_SCHEMA = pa.schema(
         ("src_partition", pa.int32()),
         ("src_offset", pa.int64()),
         ("src_offset_end", pa.int64()),
+        ("offsets", pa.list_(pa.int64())),
     ]
 )
 OUTPUT_SCHEMA = ddl(OUTPUT_ARROW_SCHEMA)
@@ -400,6 +401,7 @@ class WindowAggregator(StatefulProcessor):
             src_partition=late["src_partition"],
             src_offset=late["first_offset"],
             src_offset_end=late["last_offset"],
+            offsets=late["offsets"],
         )
 
     def handleExpiredTimer(

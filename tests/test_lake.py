@@ -204,6 +204,36 @@ def test_a_crash_at_any_step_is_invisible_and_the_rerun_writes_once(
     assert list((Path(root) / "_staging").iterdir()) == []
 
 
+def test_a_streaming_query_writes_its_batches_through_foreach_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(2):
+        lines = [
+            json.dumps({"id": r["id"], "region": r["region"], "ts": r["ts"].isoformat()})
+            for r in expected(4 * n, 4)
+        ]
+        (source / f"{n}.json").write_text("\n".join(lines) + "\n")
+    root = str(tmp_path / "orders")
+    writer = LakeWriter(spark, root, by_date="ts")
+    query = (
+        spark.readStream.schema("id INT, region STRING, ts TIMESTAMP")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.foreachBatch(writer)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120), "the query did not finish its two files in 120 s"
+    assert query.exception() is None
+    manifests = sorted(p.name for p in (tmp_path / "orders/_kappaflow/manifest").glob("*.json"))
+    assert manifests == ["00000000000000000000.json", "00000000000000000001.json"]
+    want = [{k: v for k, v in r.items() if k != "amount"} for r in expected(0, 8)]
+    assert rows_of(read_arrow(root)) == want
+
+
 def test_a_file_uri_root_works_as_a_plain_path(spark: SparkSession, tmp_path: Path) -> None:
     uri = (tmp_path / "orders").as_uri()
     assert uri.startswith("file:///")

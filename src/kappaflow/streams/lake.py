@@ -134,6 +134,10 @@ class LakeWriter:
         self._clean_up(batch_id)
         return manifest.rows
 
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        """The writer as a ``foreachBatch`` function (which must return nothing)."""
+        self.write(frame, batch_id)
+
     def _step(self, step: str, batch_id: int) -> None:
         if self.on_step is not None:
             self.on_step(step, batch_id)

@@ -106,9 +106,12 @@ def test_three_batches_read_back_equal_from_spark_arrow_and_duckdb(
     writer = LakeWriter(spark, root, partition_by=["region"], by_date="ts")
     # A session zone west of UTC would put 22:00 UTC on the previous day; the date
     # partition is the UTC date regardless.
+    option = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(option)
     with session_time_zone(spark, "America/Los_Angeles"):
         counts = [writer.write(batch(spark, 4 * n), n) for n in range(3)]
     assert counts == [4, 4, 4]
+    assert spark.conf.get(option) == before != "TIMESTAMP_MICROS"  # set for the writes only
     want = expected(0, 12)
 
     from_spark = read_spark(spark, root)

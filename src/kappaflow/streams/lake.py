@@ -25,6 +25,7 @@ partitions differently (KF723).
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,18 +62,38 @@ StepHook = Callable[[str, int], None]
 _MICROS_PER_DAY = 86_400_000_000
 
 
+_TIMESTAMP_TYPE = "spark.sql.parquet.outputTimestampType"
+#: Lake writes under way in this driver and the option's value before the first began.
+#: Queries of one driver run their foreachBatch functions on threads of their own but share
+#: the session's options: the option is set by the first write and put back by the last,
+#: so that no write puts INT96 back while another's Spark job is starting.
+_writes_lock = threading.Lock()
+_writes: dict[int, tuple[int, str | None]] = {}
+
+
 @contextmanager
-def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
-    """Set a session option for one write and put the previous value back."""
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, value)
+def _micros_timestamps(spark: SparkSession) -> Iterator[None]:
+    """Parquet timestamps as TIMESTAMP_MICROS for the writes inside; Spark's default INT96
+    is deprecated in Parquet, and pyarrow and DuckDB read TIMESTAMP_MICROS as timestamps.
+    Spark reads the option from the session only (a writer option does not override it)."""
+    key = id(spark)
+    with _writes_lock:
+        running, previous = _writes.get(key, (0, None))
+        if running == 0:
+            previous = spark.conf.get(_TIMESTAMP_TYPE, None)
+            spark.conf.set(_TIMESTAMP_TYPE, "TIMESTAMP_MICROS")
+        _writes[key] = (running + 1, previous)
     try:
         yield
     finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
+        with _writes_lock:
+            running, previous = _writes.pop(key)
+            if running > 1:
+                _writes[key] = (running - 1, previous)
+            elif previous is None:
+                spark.conf.unset(_TIMESTAMP_TYPE)
+            else:
+                spark.conf.set(_TIMESTAMP_TYPE, previous)
 
 
 class LakeWriter:
@@ -119,9 +140,7 @@ class LakeWriter:
             check_schema(latest, schema, self.root)
         attempt = uuid.uuid4().hex[:12]
         staging = f"{STAGING_DIR}/batch={batch_id}-{attempt}"
-        # Spark's default INT96 timestamps are deprecated in Parquet; pyarrow and DuckDB
-        # read TIMESTAMP_MICROS as timestamps.
-        with _session_conf(self.spark, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
+        with _micros_timestamps(self.spark):
             writer = frame.write.mode("errorifexists").partitionBy(*self.partition_by)
             writer.parquet(self.fs.uri(staging))
         self._step("staged", batch_id)

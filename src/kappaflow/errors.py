@@ -393,6 +393,36 @@ class StreamError(KappaflowError, ValueError):
     exit_code = 2
 
 
+class LakeSchemaError(StreamError):
+    """A batch written to a Parquet lake table does not have the table's schema: a column
+    is missing, added or of another type."""
+
+    code = "KF721"
+
+
+class LakeColumnError(StreamError):
+    """A lake table's partition or date column is missing from the batch, of the wrong type,
+    or clashes with the ``date`` column the writer adds."""
+
+    code = "KF722"
+
+
+class LakePartitioningError(StreamError):
+    """A lake writer partitions by other columns than the table's committed batches."""
+
+    code = "KF723"
+
+
+class LakeManifestError(StreamError):
+    """A lake table's manifest cannot be read: it is not the JSON kappaflow writes."""
+
+    code = "KF724"
+
+
+class LakePublishError(StreamError, OSError):
+    """The file system refused a step of publishing a lake batch (a rename returned false)."""
+
+    code = "KF725"
 class UnknownAggregateError(StreamError, LookupError):
     """An aggregate of a kind kappaflow does not have."""
 

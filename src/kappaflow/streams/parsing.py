@@ -52,6 +52,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    VariantType,
 )
 
 from kappaflow.errors import TimeFieldTypeError
@@ -59,8 +60,6 @@ from kappaflow.streams.schema import Field, Kind, RecordSchema
 
 _ISO = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}(:?\d{2})?)$"
 _EPOCH_MS = r"^-?\d{1,15}$"
-# The text from_json gives a STRING field for a number, true, false, an object, an array.
-_NOT_A_STRING = r"^(-?\d+(\.\d+)?([eE][+-]?\d+)?$|true$|false$|[\[{])"
 _INTEGER = r"^(BIGINT|INT|SMALLINT|TINYINT)$"
 _NUMBER = r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL)"
 _CORRUPT = "_kf_corrupt"
@@ -139,7 +138,9 @@ def parse_records(
         check = _settled(n, j.getField(n.field.name), F.col(f"_kf_f{i}"))
         if check is not None:
             checks.append(check)
-    settled = typed.select("*", functools.reduce(operator.and_, checks).alias("_kf_settled"))
+    # Never null: a null here would send a good record to the verdict as "not valid JSON".
+    all_checks = F.coalesce(functools.reduce(operator.and_, checks), F.lit(False))
+    settled = typed.select("*", all_checks.alias("_kf_settled"))
     variant = F.try_parse_json(F.col("value").cast("string"))
     judged = settled.select("*", F.when(~F.col("_kf_settled"), variant).alias("_kf_v")).select(
         "*",
@@ -197,13 +198,18 @@ def _fast_type(field: Field) -> DataType:
         return ArrayType(_fast_type(field.element))
     if field.kind == "object":
         return StructType([StructField(f.name, _fast_type(f)) for f in field.fields])
-    scalars: dict[str, DataType] = {"int": LongType(), "float": DoubleType(), "bool": BooleanType()}
+    scalars: dict[str, DataType] = {
+        "int": LongType(),
+        "float": DoubleType(),
+        "bool": BooleanType(),
+        "str": VariantType(),
+    }
     return scalars.get(field.kind, StringType())
 
 
 def _converts(field: Field) -> bool:
     """Whether the field's value differs from its fast-path parse (it holds a timestamp)."""
-    if field.kind in ("timestamp", "event_time"):
+    if field.kind in ("timestamp", "event_time", "str"):
         return True
     return any(_converts(f) for f in (*field.fields, *filter(None, [field.element])))
 
@@ -216,6 +222,8 @@ def _typed(field: Field, raw: Column) -> Column:
         return F.when(raw.rlike(_EPOCH_MS), F.timestamp_millis(raw.cast("bigint"))).when(
             raw.rlike(_ISO), F.try_to_timestamp(raw)
         )
+    if field.kind == "str":
+        return F.try_variant_get(raw, "$", "string")
     if not _converts(field):
         return raw
     if field.kind == "array":
@@ -228,6 +236,10 @@ def _typed(field: Field, raw: Column) -> Column:
 
 def _settled(node: _Node, raw: Column, typed: Column | None) -> Column | None:
     """Whether the fast path settles this field (None: always); see the module docstring."""
+    if node.field.kind == "str":
+        # A variant: JSON null is the variant null (VOID), not SQL null.
+        t = F.schema_of_variant(raw)
+        return t == "STRING" if node.required else raw.isNull() | t.isin("STRING", "VOID")
     ok = _ok(node, raw, typed)
     if node.required:
         return raw.isNotNull() if ok is None else raw.isNotNull() & ok
@@ -236,8 +248,6 @@ def _settled(node: _Node, raw: Column, typed: Column | None) -> Column | None:
 
 def _ok(node: _Node, raw: Column, typed: Column | None) -> Column | None:
     kind = node.field.kind
-    if kind == "str":
-        return ~raw.rlike(_NOT_A_STRING)
     if kind in ("timestamp", "event_time"):
         return (typed if typed is not None else _typed(node.field, raw)).isNotNull()
     if kind == "array":

@@ -247,6 +247,7 @@ class Reading(BaseModel):
     at: EventTime
     value: float
     ok: bool | None = None
+    unit: str = None  # type: ignore[assignment]  # a default of None: optional
 
 
 def test_a_pydantic_model_parses_too(spark: SparkSession) -> None:

@@ -5,33 +5,36 @@ it does not fit (``_kf_reason``), naming the field path and the problem, so it c
 the dead-letter topic with its original bytes, topic, partition and offset.
 
 The fast path parses each record once with ``from_json`` against a *checking* schema:
-the record type with ints as BIGINT, floats as DOUBLE, booleans as BOOLEAN, strings and
-timestamps as STRING, plus a corrupt-record column. In Spark 4.3 a value of the wrong
-type does not fail the record: ``from_json`` returns the other fields (partial results)
-and a null for the bad one, which would be a silent null. But it also fills the corrupt
-column with the whole record, so one null check settles every int, float, boolean,
-array and object mismatch, at any depth (a fraction, an int too large for a long, the
-string "123", "NaN"). What ``from_json`` does not reject:
+the record type with ints as BIGINT, floats as DOUBLE, booleans as BOOLEAN, strings as
+VARIANT, timestamps as STRING, plus a corrupt-record column. In Spark 4.3 a value of the
+wrong type does not fail the record: ``from_json`` returns the other fields (partial
+results) and a null for the bad one, which would be a silent null. But it also fills the
+corrupt column with the whole record, so one null check settles every int, float,
+boolean, array and object mismatch, at any depth (a fraction or an int too large for a
+long, "123" for an int, "NaN" for a float, 5 for an object). What it does not reject:
 
-* any JSON value for a STRING field (a number becomes its text, an object its JSON):
-  a string field is settled only when its text could not have come from a number,
-  ``true``, ``false``, an object or an array (one anchored regex that fails on the first
-  character for most strings); numeric-looking strings go to the slow path, which
-  accepts them;
+* any JSON value for a STRING field (a number becomes its text): so strings are read as
+  variants, and settled when ``schema_of_variant`` says STRING (a header check). Reading
+  them as text and sending numeric-looking text ("02139") to the slow path measured the
+  same for clean data but four times slower when a field holds digit strings;
 * nulls and missing fields: required fields (and the key and time fields) must be
-  non-null, elements of ``list[T]`` too (``forall``);
+  non-null, elements of ``list[T]`` too (``forall``); a JSON null in a variant leaf is
+  VOID, not SQL null;
 * timestamps, read as text: settled when an ISO-8601-with-zone regex matches and
-  ``try_to_timestamp`` parses it (a number's text never matches), or, for the event
-  time, when the text is an integer of up to 15 digits (epoch ms as number or string).
+  ``try_to_timestamp`` parses it (a number's text never matches), or, for ``EventTime``,
+  when the text is an integer of up to 15 digits (epoch ms, as a number or a string).
 
-Records the fast path does not settle (expected to be few) are judged from their variant
-form (``try_parse_json``, ``schema_of_variant``, ``variant_get``), field by field in
-declared order, which names the first problem. The variant is a column computed only for
-those records (a CASE WHEN), once per record, and the verdict sits in another CASE WHEN,
-so Spark evaluates neither for settled records. Both paths agree on every type rule; a
-record the slow path finds good keeps its fast-path values, which are exact then. Known
-differences: ``from_json`` keeps the last of duplicate keys where the variant refuses
-the record, and both read the first JSON value of a record and ignore what follows.
+Records the fast path does not settle are judged from their variant form
+(``try_parse_json``, ``schema_of_variant``, ``variant_get``), field by field in declared
+order, which names the first problem. The variant is a column computed only for those
+records (a CASE WHEN), once per record, and the verdict sits in another CASE WHEN, so
+Spark evaluates neither for settled records. Both paths apply the same type rules; a
+record the verdict finds good keeps its fast-path values, exact then, and one that
+``from_json`` marked corrupt never passes. Known differences: ``from_json`` keeps the
+last of duplicate keys where the variant refuses the record, and both ignore what
+follows the first JSON value. Measured (one core, 100,000 records of a nested 8-field
+type): about 4 s, against about 1 s for a bare ``from_json`` to the typed struct; most of
+the difference is the verdict's generated code, present though not run (2 s without it).
 """
 
 from __future__ import annotations

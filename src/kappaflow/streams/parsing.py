@@ -110,40 +110,9 @@ def parse_records(
     """Kafka source rows → the record's top-level fields, typed, then ``_kf_time`` (epoch
     ms), ``_kf_reason`` (null when the record is good), ``_kf_value`` (original bytes),
     ``_kf_topic``, ``_kf_partition``, ``_kf_offset``. Bad records have null fields."""
-    time_field = schema.field(time)
-    if time_field.kind not in ("timestamp", "event_time"):
-        raise TimeFieldTypeError(
-            f"time field {time!r} of {schema.name} is {time_field.kind}, not datetime or EventTime"
-        )
-    if id is not None:
-        schema.field(id)
-    roles = {time: "time", **dict.fromkeys(keys, "key")}
-    for path in roles:
-        schema.field(path)
-    nodes = tuple(_node(f, f.name, roles) for f in schema.fields)
-    fast = StructType(
-        [StructField(n.field.name, _fast_type(n.field)) for n in nodes]
-        + [StructField(_CORRUPT, StringType())]
-    )
+    nodes = _nodes(schema, time=time, keys=keys, id=id)
+    settled = _fast_path(raw, nodes)
     j = F.col("_kf_j")
-    parsed = raw.select(
-        "*", F.from_json(F.col("value").cast("string"), fast, _JSON_OPTIONS).alias("_kf_j")
-    )
-    typed = parsed.select(
-        "*",
-        *[
-            _typed(n.field, j.getField(n.field.name)).alias(f"_kf_f{i}")
-            for i, n in enumerate(nodes)
-        ],
-    )
-    checks = [j.isNotNull(), j.getField(_CORRUPT).isNull()]
-    for i, n in enumerate(nodes):
-        check = _settled(n, j.getField(n.field.name), F.col(f"_kf_f{i}"))
-        if check is not None:
-            checks.append(check)
-    # Never null: a null here would send a good record to the verdict as "not valid JSON".
-    all_checks = F.coalesce(functools.reduce(operator.and_, checks), F.lit(False))
-    settled = typed.select("*", all_checks.alias("_kf_settled"))
     variant = F.try_parse_json(F.col("value").cast("string"))
     judged = settled.select("*", F.when(~F.col("_kf_settled"), variant).alias("_kf_v")).select(
         "*",
@@ -174,6 +143,51 @@ def parse_records(
         F.col("partition").alias("_kf_partition"),
         F.col("offset").alias("_kf_offset"),
     )
+
+
+def _nodes(
+    schema: RecordSchema, *, time: str, keys: Sequence[str], id: str | None
+) -> tuple[_Node, ...]:
+    """The schema's fields as this source checks them; KF705/KF706 for bad arguments."""
+    time_field = schema.field(time)
+    if time_field.kind not in ("timestamp", "event_time"):
+        raise TimeFieldTypeError(
+            f"time field {time!r} of {schema.name} is {time_field.kind}, not datetime or EventTime"
+        )
+    if id is not None:
+        schema.field(id)
+    roles = {time: "time", **dict.fromkeys(keys, "key")}
+    for path in roles:
+        schema.field(path)
+    return tuple(_node(f, f.name, roles) for f in schema.fields)
+
+
+def _fast_path(raw: DataFrame, nodes: tuple[_Node, ...]) -> DataFrame:
+    """``raw`` with the checking parse ``_kf_j``, the typed fields ``_kf_f0``… and
+    ``_kf_settled``: whether the fast path settles the record as good."""
+    fast = StructType(
+        [StructField(n.field.name, _fast_type(n.field)) for n in nodes]
+        + [StructField(_CORRUPT, StringType())]
+    )
+    j = F.col("_kf_j")
+    parsed = raw.select(
+        "*", F.from_json(F.col("value").cast("string"), fast, _JSON_OPTIONS).alias("_kf_j")
+    )
+    typed = parsed.select(
+        "*",
+        *[
+            _typed(n.field, j.getField(n.field.name)).alias(f"_kf_f{i}")
+            for i, n in enumerate(nodes)
+        ],
+    )
+    checks = [j.isNotNull(), j.getField(_CORRUPT).isNull()]
+    for i, n in enumerate(nodes):
+        check = _settled(n, j.getField(n.field.name), F.col(f"_kf_f{i}"))
+        if check is not None:
+            checks.append(check)
+    # Never null: a null here would send a good record to the verdict as "not valid JSON".
+    all_checks = F.coalesce(functools.reduce(operator.and_, checks), F.lit(False))
+    return typed.select("*", all_checks.alias("_kf_settled"))
 
 
 def _node(field: Field, path: str, roles: dict[str, str]) -> _Node:

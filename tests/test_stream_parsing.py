@@ -209,6 +209,8 @@ GOOD_CASES: list[tuple[bytes, dict[str, Any]]] = [
         {"customer": Row(id=7, address=Row(zip="02139", city="Cambridge"), vip=None)},
     ),
     (changed("items[0].tags", ...), {}),
+    (changed("customer.address.city", None), {}),
+    (changed("items[1].tags", ["a", "1"]), {}),
     (changed("extra", {"deep": [1, {"x": None}]}), {}),
     (changed("items", []), {"items": []}),
 ]

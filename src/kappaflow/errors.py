@@ -427,6 +427,8 @@ class TimeFieldTypeError(StreamError, TypeError):
     """The time field a source is parsed by is not a datetime or EventTime field."""
 
     code = "KF706"
+
+
 class LakeSchemaError(StreamError):
     """A batch written to a Parquet lake table does not have the table's schema: a column
     is missing, added or of another type."""
@@ -457,6 +459,8 @@ class LakePublishError(StreamError, OSError):
     """The file system refused a step of publishing a lake batch (a rename returned false)."""
 
     code = "KF725"
+
+
 class UnknownAggregateError(StreamError, LookupError):
     """An aggregate of a kind kappaflow does not have."""
 
@@ -493,6 +497,8 @@ class AggregatesSpecError(StreamError):
     that is not an aggregate, or a key or id column the events lack."""
 
     code = "KF716"
+
+
 class InvalidSinkError(StreamError):
     """A sink is declared wrong: a bad topic or table name, or a sink that cannot take
     what it is given (the serving store takes windowed results only)."""

@@ -9,6 +9,7 @@ def test_exported_members() -> None:
         "Job",
         "KappaflowError",
         "Settings",
+        "StateContext",
         "Stream",
         "Table",
         "Windowed",
@@ -23,6 +24,7 @@ def test_exported_members() -> None:
         "min",
         "parquet",
         "redis",
+        "stateful",
         "sum",
         "testing",
     ]

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (
@@ -47,6 +49,7 @@ from kappaflow.streams.stateful_values import (
     field_names,
     from_plain,
     is_record_type,
+    resolve_hints,
     to_plain,
 )
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -83,6 +86,7 @@ class KeyedProcessor(StatefulProcessor):
         self.function = function
         self.record = record
         self.lateness_ms = lateness_ms
+        self.hints = resolve_hints(record, function.state, function.output)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -108,7 +112,7 @@ class KeyedProcessor(StatefulProcessor):
             if is_late and self.function.late == "topic":
                 run.late_row(int(time), int(partition), int(offset))
                 continue
-            event = from_plain(self.record, json.loads(text), self.record.__name__)
+            event = from_plain(self.record, json.loads(text), self.record.__name__, self.hints)
             events.append(event)
             if is_late:
                 late.append(event)
@@ -161,7 +165,8 @@ class _Run:
             text, self.expires, timers = stored
             self.pending = [int(t) for t in timers or ()]
             try:
-                self.state = from_plain(fn.state, json.loads(text), fn.state.__name__)
+                text_value = json.loads(text)
+                self.state = from_plain(fn.state, text_value, fn.state.__name__, processor.hints)
             except (TypeError, ValueError) as exc:
                 raise StateRestoreError(
                     f"{fn.name}: the stored state of key {self.key_json} does not fit "
@@ -302,6 +307,7 @@ def process_stream(
         output = compile_schema(function.output)
     except KappaflowError as exc:
         raise StatefulOutputTypeError(f"{function.name}: output type: {exc}") from None
+    _ship_by_value(function.function, function.timer, function.state, function.output, record)
     source = stream.source
     rows = run_processor(stream.df, function, keys, record, source.watermark_ms, source.lateness_ms)
     typed = (
@@ -340,6 +346,23 @@ def process_stream(
     )
     derived.name = name or function.name
     return derived
+
+
+def _ship_by_value(*objects: Any) -> None:
+    """Have Spark's Python workers get the user's functions and types by value: the job's
+    module (``alarm.py`` beside the command line, a test module) is not on their path."""
+    for obj in objects:
+        name = getattr(obj, "__module__", None) or "builtins"
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None) or ""
+        if (
+            module is None
+            or name in ("__main__", "builtins")
+            or name.split(".")[0] in ("kappaflow", "pyspark")
+            or "-packages" in where
+        ):
+            continue
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 def run_processor(

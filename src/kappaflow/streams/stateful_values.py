@@ -21,10 +21,29 @@ from pydantic import BaseModel
 
 from kappaflow.timeutil import from_epoch_ms
 
+#: Each record type's resolved field types. Resolved where the types are defined: a
+#: type shipped to Spark's Python workers by value has no module there to resolve
+#: its (string) annotations in.
+Hints = dict[type, dict[str, Any]]
+
 
 def is_record_type(tp: object) -> bool:
     """Whether ``tp`` is a dataclass or pydantic model class."""
     return isinstance(tp, type) and (dataclasses.is_dataclass(tp) or issubclass(tp, BaseModel))
+
+
+def resolve_hints(*roots: Any) -> Hints:
+    """The resolved field types of every record type in ``roots``, nested ones too."""
+    found: Hints = {}
+    pending = list(roots)
+    while pending:
+        tp = pending.pop()
+        if is_record_type(tp) and tp not in found:
+            found[tp] = typing.get_type_hints(tp, include_extras=True)
+            pending.extend(found[tp].values())
+        else:
+            pending.extend(typing.get_args(tp))
+    return found
 
 
 def field_names(tp: type) -> list[str]:
@@ -67,13 +86,13 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
-def from_plain(tp: Any, value: Any, where: str) -> Any:
+def from_plain(tp: Any, value: Any, where: str, hints: Hints | None = None) -> Any:
     """JSON data back as the type ``tp`` (a record type, list, dict, datetime, scalar, ``X |
     None``). A record's missing fields take their default, or None; unknown ones are
     dropped. Raises ``TypeError`` naming ``where`` when ``value`` does not fit."""
     origin = typing.get_origin(tp)
     if origin is Annotated:
-        return from_plain(typing.get_args(tp)[0], value, where)
+        return from_plain(typing.get_args(tp)[0], value, where, hints)
     if tp is Any or tp is object:
         return value
     if origin in (Union, types.UnionType):
@@ -81,12 +100,12 @@ def from_plain(tp: Any, value: Any, where: str) -> Any:
             return None
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return from_plain(args[0], value, where)
+            return from_plain(args[0], value, where, hints)
         return value
     if value is None:
         return None
     if is_record_type(tp):
-        return _record(tp, value, where)
+        return _record(tp, value, where, hints)
     if tp is datetime:
         if isinstance(value, int):
             return from_epoch_ms(value)
@@ -99,14 +118,14 @@ def from_plain(tp: Any, value: Any, where: str) -> Any:
         return value
     if origin in (list, set, frozenset, tuple) or tp in (list, set, tuple):
         element = next(iter(typing.get_args(tp)), Any)
-        items = [from_plain(element, v, f"{where}[]") for v in _list(value, where)]
+        items = [from_plain(element, v, f"{where}[]", hints) for v in _list(value, where)]
         return (origin or tp)(items)  # list, tuple, set or frozenset
     if origin is dict or tp is dict:
         pair = typing.get_args(tp)
         inner = pair[1] if len(pair) == 2 else Any
         if not isinstance(value, dict):
             raise TypeError(f"{where} is {value!r}, not an object")
-        return {k: from_plain(inner, v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {k: from_plain(inner, v, f"{where}[{k!r}]", hints) for k, v in value.items()}
     return value
 
 
@@ -116,13 +135,13 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def _record(tp: type, value: Any, where: str) -> Any:
+def _record(tp: type, value: Any, where: str, known: Hints | None) -> Any:
     if not isinstance(value, dict):
         raise TypeError(f"{where} is {value!r}, not an object")
-    hints = typing.get_type_hints(tp, include_extras=True)
+    hints = (known or {}).get(tp) or typing.get_type_hints(tp, include_extras=True)
     if issubclass(tp, BaseModel):
         data = {
-            name: from_plain(hints.get(name, Any), value.get(name), f"{where}.{name}")
+            name: from_plain(hints.get(name, Any), value.get(name), f"{where}.{name}", known)
             for name, info in tp.model_fields.items()
             if name in value or info.is_required()
         }
@@ -132,7 +151,9 @@ def _record(tp: type, value: Any, where: str) -> Any:
         if not f.init:
             continue
         if f.name in value:
-            kwargs[f.name] = from_plain(hints.get(f.name, Any), value[f.name], f"{where}.{f.name}")
+            kwargs[f.name] = from_plain(
+                hints.get(f.name, Any), value[f.name], f"{where}.{f.name}", known
+            )
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             # Spark's to_json leaves out null fields: a missing field is a null one.
             kwargs[f.name] = None

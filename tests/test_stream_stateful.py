@@ -8,18 +8,22 @@ column dropped before it), and the processor decides what is late itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
 import pytest
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import TwsTester
 
 from kappaflow.errors import KappaflowError
+from kappaflow.streams.job import Job, Stream
+from kappaflow.streams.sinks import kafka
 from kappaflow.streams.stateful import StateContext, StatefulFunction, stateful
 from kappaflow.streams.stateful_run import OFFSET, PARTITION, RECORD, TIME, KeyedProcessor
+from kappaflow.testing import run
 
 NEVER_LATE = 2**62
 T0 = 1_795_000_000_000  # an instant in 2026, in epoch ms
@@ -333,3 +337,51 @@ def test_state_evolves_by_field_name() -> None:
     t.updateValueState("state", "d1", ('{"count": 4, "gone": 1}', None, []))
     out = feed(t, readings((T0, 1.0)))
     assert [(s["count"], s["times"]) for s in records(out)] == [(5, [T0])]
+
+
+# Through the job API: what Stream.process refuses (the harness declares the job first).
+
+
+@dataclass
+class Bad:
+    device: str
+    counts: dict[str, int]
+
+
+def _plain(key: Any, events: list[Reading], ctx: Any) -> Iterator[Seen]:
+    return iter(())
+
+
+@pytest.mark.parametrize(
+    ("process", "code", "says"),
+    [
+        (lambda s: s.process(_plain, by="device"), "KF741", "process(_plain): decorate it"),
+        (lambda s: s.process(tally, by="room"), "KF745", "by=['room']): no column 'room'"),
+        (lambda s: s.process(tally, by=()), "KF745", "name at least one key column"),
+        (
+            lambda s: s.select("device", "at").process(tally, by="device"),
+            "KF745",
+            "no column 'temperature' for Reading.temperature",
+        ),
+        (
+            lambda s: s.process(stateful(state=Tally, output=Bad)(_plain), by="device"),
+            "KF743",
+            "_plain: output type: Bad.counts: type dict",
+        ),
+        (
+            lambda s: s.process(tally, by="device").where("count > 1"),
+            "KF731",
+            "a processed stream is written as it is",
+        ),
+    ],
+)
+def test_process_refuses_a_plain_function_unknown_columns_and_an_output_that_does_not_compile(
+    spark: SparkSession, process: Callable[[Stream], Any], code: str, says: str
+) -> None:
+    def build(job: Job) -> None:
+        process(job.source("readings", Reading, key="device", time="at")).to(kafka())
+
+    with pytest.raises(KappaflowError) as raised:
+        run(build, {"readings": [[]]}, spark=spark)
+    assert raised.value.code == code
+    assert says in str(raised.value)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from pydantic import BaseModel
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import TwsTester
 
@@ -385,3 +386,35 @@ def test_process_refuses_a_plain_function_unknown_columns_and_an_output_that_doe
         run(build, {"readings": [[]]}, spark=spark)
     assert raised.value.code == code
     assert says in str(raised.value)
+
+
+class ModelReading(BaseModel):
+    device: str
+    temperature: float
+    at: datetime
+    tags: list[str] = []
+
+
+class ModelSeen(BaseModel):
+    device: str
+    hottest: float
+    at: datetime
+
+
+@stateful(state=Tally, output=ModelSeen)
+def hottest(
+    key: tuple[Any, ...], events: list[ModelReading], ctx: StateContext[Tally]
+) -> Iterator[ModelSeen]:
+    top = max(events, key=lambda e: e.temperature)
+    assert isinstance(top, ModelReading) and top.tags == []
+    yield ModelSeen(device=key[0], hottest=top.temperature, at=top.at)
+
+
+def test_pydantic_records_in_and_out() -> None:
+    t = TwsTester(
+        KeyedProcessor(hottest, ModelReading, 0),
+        timeMode="EventTime",
+        eventTimeExtractor=lambda _row: NEVER_LATE,
+    )
+    out = feed(t, readings((T0, 70.5), (T0 + 1_000, 90.25)))
+    assert records(out) == [{"device": "d1", "hottest": 90.25, "at": "2026-11-18T11:06:41.000Z"}]

@@ -393,6 +393,40 @@ class StreamError(KappaflowError, ValueError):
     exit_code = 2
 
 
+class UnsupportedFieldTypeError(StreamError, TypeError):
+    """A record type's field has an annotation the job API cannot parse records into."""
+
+    code = "KF701"
+
+
+class NotARecordModelError(StreamError, TypeError):
+    """A source's record type is not a dataclass or pydantic model class."""
+
+    code = "KF702"
+
+
+class EventTimeFieldError(StreamError):
+    """A record type has more than one EventTime field, or one below the top level."""
+
+    code = "KF703"
+
+
+class UnresolvedFieldTypeError(StreamError, NameError):
+    """A record type's field annotation is a name (a forward reference) that does not resolve."""
+
+    code = "KF704"
+
+
+class NoSuchFieldError(StreamError, LookupError):
+    """A field path (a key, id or time argument) names no field of the record type."""
+
+    code = "KF705"
+
+
+class TimeFieldTypeError(StreamError, TypeError):
+    """The time field a source is parsed by is not a datetime or EventTime field."""
+
+    code = "KF706"
 class LakeSchemaError(StreamError):
     """A batch written to a Parquet lake table does not have the table's schema: a column
     is missing, added or of another type."""

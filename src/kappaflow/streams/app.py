@@ -17,6 +17,7 @@ from kappaflow.streams.check import record_plan, verify_restart
 from kappaflow.streams.job import Job
 from kappaflow.streams.lake_fs import HadoopFs
 from kappaflow.streams.runtime import Backends, Build, declare, output_topics, start_outputs
+from kappaflow.streams.shipping import ship_user_code
 from kappaflow.streams.sinks import RedisSink
 from kappaflow.streams.writer import StepHook
 
@@ -58,6 +59,7 @@ def start_app(
     """Declare the job with ``build`` and start its outputs' queries."""
     settings = ctx.settings
     reader = KafkaReader(settings)
+    ship_user_code(ctx.spark, build)
     job = declare(build, ctx.name, ctx.params, ctx.spark, reader)
     existing = {t["name"] for t in list_topics(settings.kafka)}
     for source in job.sources:

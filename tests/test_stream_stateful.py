@@ -21,7 +21,7 @@ from pyspark.sql.streaming import TwsTester
 
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.job import Job, Stream
-from kappaflow.streams.sinks import kafka
+from kappaflow.streams.sinks import kafka, parquet
 from kappaflow.streams.stateful import StateContext, StatefulFunction, stateful
 from kappaflow.streams.stateful_run import OFFSET, PARTITION, RECORD, TIME, KeyedProcessor
 from kappaflow.testing import run
@@ -418,3 +418,39 @@ def test_pydantic_records_in_and_out() -> None:
     )
     out = feed(t, readings((T0, 70.5), (T0 + 1_000, 90.25)))
     assert records(out) == [{"device": "d1", "hottest": 90.25, "at": "2026-11-18T11:06:41.000Z"}]
+
+
+def test_a_job_hands_late_events_to_the_function_flagged_and_writes_its_output(
+    spark: SparkSession,
+) -> None:
+    """Through Spark: the late event reaches the operator (the watermark is declared on a
+    column dropped before it), the output is keyed by the function's key in Kafka and
+    typed in the lake."""
+
+    def build(job: Job) -> None:
+        readings = job.source("readings", Reading, key="device", time="at", watermark="0s")
+        readings.process(tally, by="device").to(kafka(), parquet("seen"))
+
+    def reading(device: str, t: int) -> dict[str, Any]:
+        return {"device": device, "temperature": 1.0, "at": at(t).isoformat()}
+
+    batches = [
+        [reading("d1", T0 + 10_000), reading("d2", T0 + 5_000)],
+        # The watermark is T0 + 10 s: the first reading is late.
+        [reading("d1", T0 + 1_000), reading("d1", T0 + 20_000)],
+    ]
+    out = run(build, {"readings": batches}, spark=spark)
+    published = [(key, json.loads(value)) for key, value in out.publisher.topics["job.tally"]]
+    seen = sorted(published, key=lambda kv: (kv[0], kv[1]["count"]))
+    assert [(key, s["device"], s["count"], s["late"], s["at"]) for key, s in seen] == [
+        (b'["d1"]', "d1", 1, False, "2026-11-18T11:06:50.000Z"),
+        (b'["d1"]', "d1", 2, True, "2026-11-18T11:06:41.000Z"),
+        (b'["d1"]', "d1", 3, False, "2026-11-18T11:07:00.000Z"),
+        (b'["d2"]', "d2", 1, False, "2026-11-18T11:06:45.000Z"),
+    ]
+    assert out.late == []
+    lake = sorted(out.lake("seen"), key=lambda r: (r["device"], r["count"]))
+    assert [(r["device"], r["count"], r["at"]) for r in lake][:2] == [
+        ("d1", 1, at(T0 + 10_000)),
+        ("d1", 2, at(T0 + 1_000)),
+    ]

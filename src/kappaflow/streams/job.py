@@ -206,7 +206,7 @@ class Stream:
         # streams hold only the records that parsed.
         self._parsed = frame
         self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
-        #: A processed stream's rows as the runtime writes them (stateful_run.py).
+        #: A processed stream's rows as the runtime writes them (stateful_plan.py).
         self.output_rows: DataFrame | None = None
         #: The default name of the stream's output.
         self.name: str | None = None
@@ -289,7 +289,7 @@ class Stream:
         ``by`` columns, with its state and timers (``name``: the output's default name,
         else the function's). Events reach it as the source's record type, or ``record``
         after a ``select``."""
-        from kappaflow.streams.stateful_run import process_stream
+        from kappaflow.streams.stateful_plan import process_stream
 
         return process_stream(self, function, by=by, name=name, record=record)
 

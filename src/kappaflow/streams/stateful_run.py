@@ -129,7 +129,7 @@ class _Run:
         self.key_json = dumps(to_plain(list(key), "key"))
         self.watermark = watermark
         self.out: dict[str, list[Any]] = {c: [] for c in OUTPUT_COLUMNS}
-        self.newest: tuple[int, int | None, int | None] = (watermark, None, None)
+        self.newest: tuple[int, int | None, int | None] = (-(2**63), None, None)
         stored = processor.value.get()
         self.stored = stored is not None
         fn = processor.function

@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Any
 
 import kappaflow as kf
-from kappaflow.streams.sinks import kafka
 from kappaflow.timeutil import from_epoch_ms, to_epoch_ms
 
 LIMIT = 80.0
@@ -89,6 +88,4 @@ def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Ite
 def build(job: kf.Job) -> None:
     readings = job.source(job.param("topic", "readings"), Reading, key="device", watermark="10s")
     alerts = readings.process(overheating, by="device")
-    # kafka() from its module: once the package kappaflow.kafka is imported (the runtime
-    # does), the name kf.kafka is that package.
-    alerts.to(kafka(), kf.parquet("alerts"))
+    alerts.to(kf.topic(), kf.lake("alerts"))

@@ -51,4 +51,4 @@ def build(job: kf.Job) -> None:
             orders=kf.count(),
         )
     )
-    revenue.to(kf.kafka(), kf.redis(), kf.parquet("revenue"))
+    revenue.to(kf.topic(), kf.store(), kf.lake("revenue"))

@@ -5,20 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.sql import SparkSession
-from revenue import build
 
 import kappaflow as kf
+from revenue import build
 
 
 def order(order_id: str, buyer: str, country: str, amount: float, at: str) -> dict[str, Any]:
     return {"order_id": order_id, "buyer": buyer, "country": country, "amount": amount, "at": at}
 
 
-MINUTE_0 = "2026-11-23T10:00:00Z"
+MINUTE_0 = "2026-11-23T10:00:00.000Z"
 
 
 def test_revenue_per_country_with_a_correction_and_a_late_order(spark: SparkSession) -> None:
-    batches = [
+    batches: list[list[Any]] = [
         [
             order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z"),
             order("o2", "bob", "DE", 30.0, "2026-11-23T10:00:20Z"),
@@ -40,7 +40,9 @@ def test_revenue_per_country_with_a_correction_and_a_late_order(spark: SparkSess
     ]
     out = kf.testing.run(build, {"orders": batches}, spark=spark, name="revenue")
 
-    de = [c for c in out.changes("revenue") if c["country"] == "DE" and c["window_start"] == MINUTE_0]
+    de = [
+        c for c in out.changes("revenue") if c["country"] == "DE" and c["window_start"] == MINUTE_0
+    ]
     assert [c["kind"] for c in de] == ["provisional", "final", "correction"]
     assert de[0]["values"]["total"] == 40.0
     assert de[0]["values"]["orders"] == 2

@@ -85,7 +85,7 @@ def start(cli: RunCli, job: str, topic: str, crash: str | None, record: Path) ->
     assert result.code == 0, result.err
 
 
-def test_a_job_with_three_sinks_through_a_crash_at_every_step(
+def test_a_job_with_three_sinks_through_crashes(
     cli: RunCli,
     serving: Settings,
     new_topic: Callable[..., str],
@@ -104,9 +104,11 @@ def test_a_job_with_three_sinks_through_a_crash_at_every_step(
     jobs = JobManager(serving)
     start(cli, job_name, topic, "after-store:1", record)
     wait_totals(cli, serving, job_name, events=3, duplicates=1, dead_letters=1)
-    # Batch 1 and its re-runs crash at each step in turn; the last start has no fault.
+    # A batch and its re-runs crash at one step after another: with the serving store
+    # written, with records sent in an open transaction, with the transaction committed
+    # (and the lake written, the step before); the last start has no fault.
     send(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")])
-    steps = ["after-store", "in-transaction", "after-lake", "after-kafka", None]
+    steps = ["after-store", "in-transaction", "after-kafka", None]
     for step, following in itertools.pairwise(steps):
         wait_for(
             lambda: True if jobs.get_state(job_name) == "crashed" else None,
@@ -123,18 +125,14 @@ def test_a_job_with_three_sinks_through_a_crash_at_every_step(
         order("o7", "bob", "FR", 1.0, "2026-11-23T10:07:00Z"),
     ]
     send(serving, topic, later)
-    wait_totals(cli, serving, job_name, events=8)
+    wait_totals(cli, serving, job_name, events=7)
     send(serving, topic, [order("o8", "fay", "DE", 99.0, "2026-11-23T10:00:59Z")])  # too late
-    totals = wait_totals(cli, serving, job_name, events=8, late=1)
+    totals = wait_totals(cli, serving, job_name, events=7, late=1)
 
     # Accounting: every record read is passed, dropped as a duplicate, late or dead.
-    assert (totals["events"], totals["duplicates"], totals["late"], totals["dead_letters"]) == (
-        8,
-        1,
-        1,
-        1,
-    )
-    assert totals["events_read"] == 11 == 8 + 1 + 1 + 1
+    counted = (totals["events"], totals["duplicates"], totals["late"], totals["dead_letters"])
+    assert counted == (7, 1, 1, 1)
+    assert totals["events_read"] == 10 == sum(counted)
 
     # Redis holds each window's final values, computed here without the engine.
     store = redis.Redis.from_url(serving.redis.effective_url)
@@ -179,7 +177,7 @@ def test_a_job_with_three_sinks_through_a_crash_at_every_step(
     [late] = committed_values(serving, f"{job_name}.late")
     assert json.loads(late["event"])["order_id"] == "o8"
     [dead] = committed_values(serving, f"{job_name}.dlq")
-    assert dead["error"] == "not valid JSON" or "JSON" in dead["error"]
+    assert dead["error"] == "not valid JSON"
 
     # A restart that changes what the output's state holds is refused, with what changed.
     check = cli(
@@ -204,7 +202,13 @@ def _iso(millis: int) -> str:
 def test_check_prints_the_plan(cli: RunCli, new_topic: Callable[..., str]) -> None:
     topic = new_topic()
     result = cli(
-        "jobs", "check", "--app", "revenue:build", "-P", f"topic={topic}", "--json",
+        "jobs",
+        "check",
+        "--app",
+        "revenue:build",
+        "-P",
+        f"topic={topic}",
+        "--json",
         env={"PYTHONPATH": PATH},
     )
     assert result.code == 0, result.err

@@ -59,7 +59,7 @@ class Click:
 def slow_pages(job: kf.Job) -> None:
     clicks = job.source("clicks", Click, key="user")
     clicks.where(F.col("ms") > 1000).select("user", "page", "ms").to(
-        kf.kafka("slow"), kf.parquet("slow")
+        kf.topic("slow"), kf.lake("slow")
     )
 
 
@@ -89,6 +89,6 @@ def test_cli_misuse_of_app_jobs(cli: RunCli) -> None:
     missing = cli("jobs", "start", "x", "--app", "no_such_module:build", env=env)
     assert "no module named 'no_such_module'" in error_line(missing, "KF603", 1)
     both = cli("jobs", "start", "x", "--app", "revenue:build", "--pipeline", "count", env=env)
-    assert "exactly one of --app and --pipeline" in error_line(both, "KF508", 2)
+    assert "exactly one of --app and --pipeline" in error_line(both, "KF508", 1)
     not_a_function = cli("jobs", "check", "--app", "revenue:Order", env=env)
     assert "not a function build(job)" in error_line(not_a_function, "KF604", 1)

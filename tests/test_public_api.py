@@ -17,19 +17,24 @@ def test_exported_members() -> None:
         "approx_distinct",
         "approx_quantiles",
         "count",
-        "kafka",
+        "lake",
         "load_settings",
         "max",
         "mean",
         "min",
-        "parquet",
-        "redis",
         "stateful",
+        "store",
         "sum",
         "testing",
+        "topic",
     ]
     for name in kappaflow.__all__:
         assert hasattr(kappaflow, name)
+    # No public name is shadowed by a subpackage of the same name once that is imported.
+    import kappaflow.kafka.topics
+    import kappaflow.serving.client
+
+    assert callable(kappaflow.topic) and callable(kappaflow.store) and callable(kappaflow.lake)
 
 
 def test_import_has_no_side_effects() -> None:

@@ -21,7 +21,7 @@ from pyspark.sql.streaming import TwsTester
 
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.job import Job, Stream
-from kappaflow.streams.sinks import kafka, parquet
+from kappaflow.streams.sinks import lake, topic
 from kappaflow.streams.stateful import StateContext, StatefulFunction, stateful
 from kappaflow.streams.stateful_run import OFFSET, PARTITION, RECORD, TIME, KeyedProcessor
 from kappaflow.testing import run
@@ -380,7 +380,7 @@ def test_process_refuses_a_plain_function_unknown_columns_and_an_output_that_doe
     spark: SparkSession, process: Callable[[Stream], Any], code: str, says: str
 ) -> None:
     def build(job: Job) -> None:
-        process(job.source("readings", Reading, key="device", time="at")).to(kafka())
+        process(job.source("readings", Reading, key="device", time="at")).to(topic())
 
     with pytest.raises(KappaflowError) as raised:
         run(build, {"readings": [[]]}, spark=spark)
@@ -429,7 +429,7 @@ def test_a_job_hands_late_events_to_the_function_flagged_and_writes_its_output(
 
     def build(job: Job) -> None:
         readings = job.source("readings", Reading, key="device", time="at", watermark="0s")
-        readings.process(tally, by="device").to(kafka(), parquet("seen"))
+        readings.process(tally, by="device").to(topic(), lake("seen"))
 
     def reading(device: str, t: int) -> dict[str, Any]:
         return {"device": device, "temperature": 1.0, "at": at(t).isoformat()}
@@ -449,8 +449,8 @@ def test_a_job_hands_late_events_to_the_function_flagged_and_writes_its_output(
         (b'["d2"]', "d2", 1, False, "2026-11-18T11:06:45.000Z"),
     ]
     assert out.late == []
-    lake = sorted(out.lake("seen"), key=lambda r: (r["device"], r["count"]))
-    assert [(r["device"], r["count"], r["at"]) for r in lake][:2] == [
+    rows = sorted(out.lake("seen"), key=lambda r: (r["device"], r["count"]))
+    assert [(r["device"], r["count"], r["at"]) for r in rows][:2] == [
         ("d1", 1, at(T0 + 10_000)),
         ("d1", 2, at(T0 + 1_000)),
     ]

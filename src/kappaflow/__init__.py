@@ -9,7 +9,7 @@ A job is a function ``build(job)`` declaring its sources, windowed aggregates an
         revenue = orders.window(tumbling="1m").aggregate(
             "revenue", by="country", total=kf.sum("amount"), buyers=kf.approx_distinct("buyer")
         )
-        revenue.to(kf.kafka(), kf.redis(), kf.parquet("revenue"))
+        revenue.to(kf.topic(), kf.store(), kf.lake("revenue"))
 
 The job API's names load on first use, so importing kappaflow (as its command line does)
 does not import PySpark.
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     )
     from kappaflow.streams.job import Job, Stream, Table, Windowed
     from kappaflow.streams.schema import EventTime
-    from kappaflow.streams.sinks import kafka, parquet, redis
+    from kappaflow.streams.sinks import lake, store, topic
     from kappaflow.streams.stateful import StateContext, stateful
 
 __version__ = "0.1.0"
@@ -55,9 +55,9 @@ _API = {
     "mean": "kappaflow.streams.aggregates",
     "approx_distinct": "kappaflow.streams.aggregates",
     "approx_quantiles": "kappaflow.streams.aggregates",
-    "kafka": "kappaflow.streams.sinks",
-    "redis": "kappaflow.streams.sinks",
-    "parquet": "kappaflow.streams.sinks",
+    "topic": "kappaflow.streams.sinks",
+    "store": "kappaflow.streams.sinks",
+    "lake": "kappaflow.streams.sinks",
     "stateful": "kappaflow.streams.stateful",
     "StateContext": "kappaflow.streams.stateful",
 }
@@ -75,16 +75,16 @@ __all__ = [
     "approx_distinct",
     "approx_quantiles",
     "count",
-    "kafka",
+    "lake",
     "load_settings",
     "max",
     "mean",
     "min",
-    "parquet",
-    "redis",
     "stateful",
+    "store",
     "sum",
     "testing",
+    "topic",
 ]
 
 

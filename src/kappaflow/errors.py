@@ -427,6 +427,8 @@ class TimeFieldTypeError(StreamError, TypeError):
     """The time field a source is parsed by is not a datetime or EventTime field."""
 
     code = "KF706"
+
+
 class LakeSchemaError(StreamError):
     """A batch written to a Parquet lake table does not have the table's schema: a column
     is missing, added or of another type."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from kappaflow.errors import HarnessError
 from kappaflow.streams.backends import MemoryPublisher, MemoryStore
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.streams.runtime import Backends, Build, declare, start_outputs
+from kappaflow.timeutil import from_epoch_ms, iso
 
 #: The columns of Spark's Kafka source, which the harness's files imitate.
 KAFKA_SCHEMA = (
@@ -82,8 +84,7 @@ class Results:
         → the window's ``values``, ``final`` and ``version``."""
         found = {}
         for (key, start), window in self.store.windows.get(output, {}).items():
-            moment = datetime.fromtimestamp(start / 1000, UTC).isoformat().replace("+00:00", "Z")
-            found[(*json.loads(key), moment)] = window
+            found[(*json.loads(key), iso(from_epoch_ms(start)))] = window
         return found
 
     @property
@@ -204,7 +205,7 @@ class Harness:
         queries = start_outputs(job, files, backends, available_now=True)
         try:
             for query in queries:
-                if not query.awaitTermination(timeout_s):
+                if not query.awaitTermination(int(timeout_s)):
                     raise HarnessError(f"query {query.name} did not finish in {timeout_s:.0f} s")
                 error = query.exception()
                 if error is not None:
@@ -239,7 +240,10 @@ def run(
 
 
 def local_session() -> SparkSession:
-    """A small local Spark session for tests: two cores, few shuffle partitions."""
+    """A small local Spark session for tests: two cores, few shuffle partitions, this
+    interpreter in the Python workers, every server on loopback."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return (
         SparkSession.builder.master("local[2]")
         .appName("kappaflow-test")

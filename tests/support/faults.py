@@ -44,10 +44,10 @@ def _start(ctx: JobContext) -> list[StreamingQuery]:
 COUNT_WITH_CRASH = Pipeline(start=_start, parts=counting.parts)
 
 
-def _crash_app(step: str, output: str, batch_id: int) -> None:
+def _crash_app(step: str, output: str, batch_id: int, results: int) -> None:
     wanted, _, first = os.environ[CRASH_AT].partition(":")
     assert wanted in APP_STEPS, f"unknown step {wanted!r}"
-    if step == wanted and batch_id >= int(first):
+    if step == wanted and batch_id >= int(first) and results > 0:
         Path(os.environ[CRASH_RECORD]).write_text(
             json.dumps({"step": step, "batch": batch_id, "output": output})
         )

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from revenue import Order
-
 import kappaflow as kf
+from revenue import Order
 
 
 def revenue_by_buyer(job: kf.Job) -> None:
@@ -18,7 +17,7 @@ def revenue_by_buyer(job: kf.Job) -> None:
     state no longer fits the example's checkpoint."""
     orders = job.source(job.param("topic", "orders"), Order, key="buyer", id="order_id")
     per_buyer = orders.window(tumbling="1m").aggregate("revenue", by="buyer", n=kf.count())
-    per_buyer.to(kf.kafka())
+    per_buyer.to(kf.topic())
 
 
 def raises(job: kf.Job) -> None:
@@ -31,11 +30,11 @@ def declares_nothing(job: kf.Job) -> None:
 
 def unknown_column(job: kf.Job) -> None:
     orders = job.source("orders", Order)
-    orders.window(tumbling="1m").aggregate("x", by="region", n=kf.count()).to(kf.kafka())
+    orders.window(tumbling="1m").aggregate("x", by="region", n=kf.count()).to(kf.topic())
 
 
 def redis_for_records(job: kf.Job) -> None:
-    job.source("orders", Order).to(kf.redis())
+    job.source("orders", Order).to(kf.store())
 
 
 @dataclass
@@ -45,4 +44,4 @@ class Untyped:
 
 
 def schema_does_not_compile(job: kf.Job) -> None:
-    job.source("orders", Untyped).to(kf.kafka("out"))
+    job.source("orders", Untyped).to(kf.topic("out"))

@@ -227,7 +227,7 @@ def describe(job: Job) -> dict[str, Any]:
     """The job's plan: sources, outputs, their sinks and what each guarantees."""
     outputs = []
     for output in job.outputs:
-        sinks = []
+        sinks: list[dict[str, Any]] = []
         for sink in output.sinks:
             if isinstance(sink, KafkaSink):
                 sinks.append(

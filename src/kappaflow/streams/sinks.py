@@ -1,4 +1,5 @@
-"""Where a job's results go: the sinks a user names in ``.to(...)``.
+"""Where a job's results go: the sinks a user names in ``.to(...)``: ``topic()`` (Kafka),
+``store()`` (the Redis serving store) and ``lake()`` (a Parquet table).
 
 These are declarations only; the batch writer (writer.py) carries them out, all sinks of
 one output in one ``foreachBatch``, so that each holds every result exactly once.
@@ -50,25 +51,25 @@ class ParquetSink:
 Sink = KafkaSink | RedisSink | ParquetSink
 
 
-def kafka(topic: str | None = None) -> KafkaSink:
-    """Publish to ``topic`` (default: the output's own topic, ``JOB.OUTPUT``)."""
-    if topic is not None and not _TOPIC.match(topic):
-        raise InvalidSinkError(f"kafka sink: {topic!r} is not a valid topic name")
-    return KafkaSink(topic)
+def topic(name: str | None = None) -> KafkaSink:
+    """Publish to the Kafka topic ``name`` (default: the output's own, ``JOB.OUTPUT``)."""
+    if name is not None and not _TOPIC.match(name):
+        raise InvalidSinkError(f"topic sink: {name!r} is not a valid topic name")
+    return KafkaSink(name)
 
 
-def redis() -> RedisSink:
+def store() -> RedisSink:
     """Keep the current results in the serving store (windowed aggregates only)."""
     return RedisSink()
 
 
-def parquet(
+def lake(
     table: str, *, partition_by: str | Sequence[str] = (), by_date: str | None = None
 ) -> ParquetSink:
     """Append to the lake table ``table`` (a name, an absolute path or a URI)."""
     if not (_LAKE_NAME.match(table) or table.startswith("/") or "://" in table):
         raise InvalidSinkError(
-            f"parquet sink: {table!r} is neither a table name, an absolute path nor a URI"
+            f"lake sink: {table!r} is neither a table name, an absolute path nor a URI"
         )
     columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
     return ParquetSink(table, columns, by_date)

@@ -42,7 +42,9 @@ RECORD, LATE, DEAD, STATS = "record", "late", "dlq", "stats"
 #: The points of a batch at which the writer calls its ``on_step`` hook; the
 #: fault-injection tests kill the driver at each.
 STEPS = ("before-store", "after-store", "after-lake", "in-transaction", "after-kafka")
-StepHook = Callable[[str, str, int], None]
+#: Called with the step, the output's name, the batch id and how many results the batch
+#: writes (changes, records, late events, dead letters); kappaflow itself passes none.
+StepHook = Callable[[str, str, int, int], None]
 
 
 @dataclass
@@ -88,6 +90,7 @@ class OutputWriter:
         self.store = store
         self.reader = reader
         self.on_step = on_step
+        self._results = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         began = time.perf_counter()
@@ -109,13 +112,17 @@ class OutputWriter:
             }
             watermark = int(pc.max(table["watermark"]).as_py() or 0)
             change_rows = [_change(row) for row in changes.to_pylist()]
+            self._results = len(change_rows) + records.num_rows + len(late) + len(dead)
             self._step("before-store", batch_id)
             if self.store is not None and target.redis:
                 self.store.apply(target.name, batch_id, change_rows, stats)
             self._step("after-store", batch_id)
             lake_rows = 0
-            for lake in target.lakes:
-                lake_rows = lake.write(self._lake_frame(frame, change_rows), batch_id)
+            if change_rows or records.num_rows:
+                # A batch without results (one that only moves the watermark) writes no
+                # lake batch: it has nothing to give the table its columns.
+                for lake in target.lakes:
+                    lake_rows = lake.write(self._lake_frame(frame, change_rows), batch_id)
             self._step("after-lake", batch_id)
             last = self.publisher.committed(target.name)
             if last is None or batch_id > last["batch_id"]:
@@ -152,7 +159,7 @@ class OutputWriter:
 
     def _step(self, step: str, batch_id: int) -> None:
         if self.on_step is not None:
-            self.on_step(step, self.target.name, batch_id)
+            self.on_step(step, self.target.name, batch_id, self._results)
 
     def _output_records(
         self, topic: str, changes: list[dict[str, Any]], records: pa.Table, batch_id: int
@@ -206,7 +213,7 @@ class OutputWriter:
                     "version": change["version"],
                 }
             )
-        return spark.createDataFrame(pa.Table.from_pylist(rows)) if rows else spark.range(0)
+        return spark.createDataFrame(pa.Table.from_pylist(rows))
 
     def _late_events(self, frame: DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each too-late event with its original bytes, read back from the source by the

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from kappaflow.streams.job import Job, Stream, Table, Windowed
     from kappaflow.streams.schema import EventTime
     from kappaflow.streams.sinks import lake, store, topic
+    from kappaflow.streams.stateful import StateContext, stateful
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,8 @@ _API = {
     "topic": "kappaflow.streams.sinks",
     "store": "kappaflow.streams.sinks",
     "lake": "kappaflow.streams.sinks",
+    "stateful": "kappaflow.streams.stateful",
+    "StateContext": "kappaflow.streams.stateful",
 }
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "Job",
     "KappaflowError",
     "Settings",
+    "StateContext",
     "Stream",
     "Table",
     "Windowed",
@@ -76,6 +80,7 @@ __all__ = [
     "max",
     "mean",
     "min",
+    "stateful",
     "store",
     "sum",
     "testing",

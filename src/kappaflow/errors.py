@@ -542,6 +542,66 @@ class HarnessError(StreamError, RuntimeError):
     exit_code = 1
 
 
+class NotStatefulFunctionError(StreamError, TypeError):
+    """``Stream.process`` was given a function not decorated with ``@kf.stateful``."""
+
+    code = "KF741"
+
+
+class StateTypeError(StreamError, TypeError):
+    """A stateful function's state type is not a dataclass that constructs with no
+    arguments."""
+
+    code = "KF742"
+
+
+class StatefulOutputTypeError(StreamError, TypeError):
+    """A stateful function's output type is not a record type kappaflow can write (it does
+    not compile to a schema)."""
+
+    code = "KF743"
+
+
+class LateModeError(StreamError):
+    """A stateful function's ``late=`` is not "function" or "topic"."""
+
+    code = "KF744"
+
+
+class ProcessColumnError(StreamError, LookupError):
+    """``Stream.process`` names no key, a ``by`` column the stream lacks, or a record type
+    whose fields the stream lacks."""
+
+    code = "KF745"
+
+
+class StateTtlError(StreamError):
+    """A stateful function's ``ttl`` is not a positive duration."""
+
+    code = "KF746"
+
+
+class StatefulOutputError(StreamError, TypeError):
+    """A stateful function yielded something other than its output type, or a value that
+    cannot be written (a datetime without a zone)."""
+
+    code = "KF747"
+
+
+class StateRestoreError(StreamError, TypeError):
+    """A key's stored state does not fit the state type any more (a field without a
+    default was added, or a value changed type), or a value cannot be stored as JSON."""
+
+    code = "KF748"
+
+
+class TimerLoopError(StreamError, RuntimeError):
+    """A stateful function keeps setting timers at or behind the watermark, which fire at
+    once, without end."""
+
+    code = "KF749"
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

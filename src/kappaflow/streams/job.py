@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,6 +31,9 @@ from kappaflow.streams.parsing import parse_records
 from kappaflow.streams.schema import RecordSchema, compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink, Sink
 from kappaflow.timeutil import parse_duration
+
+if TYPE_CHECKING:
+    from kappaflow.streams.stateful import StatefulFunction
 
 #: The columns kappaflow keeps beside a stream's own.
 TIME, PARTITION, OFFSET = "_kf_time", "_kf_partition", "_kf_offset"
@@ -59,6 +62,8 @@ class Source:
     watermark_ms: int
     lateness_ms: int
     start: str
+    #: The record type's class, which stateful functions get their events as.
+    model: type | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,7 @@ class Job:
             millis(watermark, "watermark"),
             millis(allowed_lateness, "allowed_lateness"),
             start,
+            schema,
         )
         self.sources.append(found)
         raw = self._reader.stream(self.spark, topic, start)
@@ -200,6 +206,10 @@ class Stream:
         # streams hold only the records that parsed.
         self._parsed = frame
         self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
+        #: A processed stream's rows as the runtime writes them (stateful_plan.py).
+        self.output_rows: DataFrame | None = None
+        #: The default name of the stream's output.
+        self.name: str | None = None
 
     @property
     def df(self) -> DataFrame:
@@ -212,6 +222,8 @@ class Stream:
         return self._parsed
 
     def _derive(self, frame: DataFrame) -> Stream:
+        if self.output_rows is not None:
+            raise InvalidJobError("a processed stream is written as it is: filter in its function")
         derived = Stream(self.job, self.source, self._parsed, clean=True)
         derived._frame = frame
         return derived
@@ -259,11 +271,27 @@ class Stream:
                 raise InvalidSinkError(
                     "the serving store keeps windowed results: aggregate the stream first"
                 )
-        default = next(
+        default = self.name or next(
             (s.topic for s in sinks if isinstance(s, KafkaSink) and s.topic),
             next((s.table for s in sinks if isinstance(s, ParquetSink)), "records"),
         )
         self.job._add(Output(_output_name(name or default), self, sinks))
+
+    def process(
+        self,
+        function: StatefulFunction[Any],
+        *,
+        by: str | Sequence[str],
+        name: str | None = None,
+        record: type | None = None,
+    ) -> Stream:
+        """The output records of the ``@kf.stateful`` ``function`` run per value of the
+        ``by`` columns, with its state and timers (``name``: the output's default name,
+        else the function's). Events reach it as the source's record type, or ``record``
+        after a ``select``."""
+        from kappaflow.streams.stateful_plan import process_stream
+
+        return process_stream(self, function, by=by, name=name, record=record)
 
     def _column(self, name: str) -> None:
         if name not in self._frame.columns:

@@ -151,6 +151,8 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
             lateness_ms=source.lateness_ms,
             id_column=source.id,
         )
+    elif stream.output_rows is not None:
+        rows = stream.output_rows
     else:
         user = [c for c in stream.df.columns if c not in BOOKKEEPING]
         rows = stream.df.select(

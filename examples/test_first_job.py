@@ -1,9 +1,9 @@
 """The first job's test: docs/jobs.md, "Test it"."""
 
-from first_job import build
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
+from first_job import build
 
 
 def test_views_per_page_and_minute(spark: SparkSession) -> None:

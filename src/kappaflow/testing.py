@@ -183,7 +183,7 @@ class Harness:
     def run(
         self,
         build: Build,
-        inputs: Mapping[str, Sequence[Sequence[Any]]],
+        inputs: Mapping[str, Sequence[Any]],
         *,
         params: Mapping[str, str] | None = None,
         name: str = "job",
@@ -221,7 +221,7 @@ _default: Harness | None = None
 
 def run(
     build: Build,
-    inputs: Mapping[str, Sequence[Sequence[Any]]],
+    inputs: Mapping[str, Sequence[Any]],
     *,
     params: Mapping[str, str] | None = None,
     spark: SparkSession | None = None,

@@ -139,10 +139,20 @@ def load_object(reference: str) -> Any:
     return found_object
 
 
+def _is_build(found: Any) -> bool:
+    """Whether ``found`` is a function that takes one positional argument: a job."""
+    if not inspect.isfunction(found):
+        return False
+    parameters = list(inspect.signature(found).parameters.values())
+    required = [p for p in parameters if p.default is inspect.Parameter.empty]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return bool(parameters) and parameters[0].kind in positional and len(required) <= 1
+
+
 def load_build(reference: str) -> Callable[..., None]:
     """A job's ``build(job)`` function, by ``module:function``."""
     found = load_object(reference)
-    if not inspect.isfunction(found):
+    if not _is_build(found):
         raise InvalidPipelineError(
             f"{reference!r} is a {type(found).__name__}, not a function build(job)"
         )
@@ -155,7 +165,7 @@ def load_pipeline(reference: str) -> Pipeline:
     found_object = load_object(reference)
     if isinstance(found_object, Pipeline):
         return found_object
-    if inspect.isfunction(found_object):
+    if _is_build(found_object):
         # A job written on the job API: its build(job) function.
         from kappaflow.streams.app import app_pipeline
 

@@ -173,3 +173,16 @@ def test_every_setting_is_documented(name: str) -> None:
         or f"`{name} `" in README
         or re.search(rf"`{re.escape(name)}` /|/ `{re.escape(name)}`", README)
     ), f"README's configuration table lacks {name}"
+
+
+def test_the_job_guides_code_is_the_examples_that_run_in_ci() -> None:
+    """docs/jobs.md shows the first job and its test as they are in examples/, where CI
+    runs them: the guide cannot drift from code that works."""
+    guide = (ROOT / "docs" / "jobs.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, re.S)
+    for example in ("first_job.py", "test_first_job.py"):
+        text = (ROOT / "examples" / example).read_text()
+        body = text[text.index('"""\n', 3) + 4 :].lstrip("\n")
+        assert body in blocks, f"docs/jobs.md does not show examples/{example} as it is"
+    first_job = (ROOT / "examples" / "first_job.py").read_text()
+    assert len([line for line in first_job.splitlines()[2:] if line.strip()]) < 20

@@ -25,6 +25,8 @@ def signature(output: Output) -> dict[str, Any]:
     """What an output's checkpointed state depends on."""
     source = output.stream.source
     found: dict[str, Any] = {"source": source.topic, "kind": "records"}
+    if output.stream.state_definition is not None:
+        found.update(output.stream.state_definition)
     if output.aggregate is not None:
         agg = output.aggregate
         found.update(

@@ -208,6 +208,8 @@ class Stream:
         self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
         #: A processed stream's rows as the runtime writes them (stateful_plan.py).
         self.output_rows: DataFrame | None = None
+        #: What a processed stream's state depends on (check.py compares it on restarts).
+        self.state_definition: dict[str, Any] | None = None
         #: The default name of the stream's output.
         self.name: str | None = None
 

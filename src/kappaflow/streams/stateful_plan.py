@@ -124,6 +124,13 @@ def process_stream(
         "offsets",
     )
     derived.name = name or function.name
+    # The state is kept as JSON by field name (fields may come and go); what it is
+    # keyed by and which function keeps it may not change under a checkpoint.
+    derived.state_definition = {
+        "kind": "stateful function",
+        "function": function.name,
+        "by": list(keys),
+    }
     return derived
 
 

@@ -24,6 +24,9 @@ def show_plan(plan: dict[str, Any]) -> None:
             what = f"windows of {window['size_ms']} ms{slide} by {output['by']}: " + ", ".join(
                 f"{k}={v}" for k, v in output["aggregates"].items()
             )
+        elif "stateful" in output:
+            state = output["stateful"]
+            what = f"stateful function {state['function']} by {state['by']}"
         else:
             what = "records"
         out.print(f"  output {output['name']} from {output['source']}: {what}")

@@ -257,6 +257,8 @@ def describe(job: Job) -> dict[str, Any]:
             "source": output.stream.source.topic,
             "sinks": sinks,
         }
+        if output.stream.state_definition is not None:
+            entry["stateful"] = output.stream.state_definition
         if output.aggregate is not None:
             agg = output.aggregate
             entry["window"] = {"size_ms": agg.window.size_ms, "slide_ms": agg.window.slide_ms}

@@ -102,13 +102,13 @@ def test_a_job_with_three_sinks_through_crashes(
     send(serving, topic, [*first, b"{not json"])
     record = tmp_path / "crash.json"
     jobs = JobManager(serving)
-    start(cli, job_name, topic, "after-store:1", record)
+    start(cli, job_name, topic, "in-transaction:1", record)
     wait_totals(cli, serving, job_name, events=3, duplicates=1, dead_letters=1)
-    # A batch and its re-runs crash at one step after another: with the serving store
-    # written, with records sent in an open transaction, with the transaction committed
-    # (and the lake written, the step before); the last start has no fault.
+    # A batch and its re-run crash one step after another: with the serving store and
+    # the lake written and the records sent in an open transaction, then with the
+    # transaction committed; the last start has no fault, and runs the batch once more.
     send(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")])
-    steps = ["after-store", "in-transaction", "after-kafka", None]
+    steps = ["in-transaction", "after-kafka", None]
     for step, following in itertools.pairwise(steps):
         wait_for(
             lambda: True if jobs.get_state(job_name) == "crashed" else None,

@@ -78,6 +78,7 @@ def test_a_stream_to_kafka_and_the_lake(spark: SparkSession) -> None:
         {"user": "ada", "page": "/a", "ms": 1500},
         {"user": "cy", "page": "/d", "ms": 4000},
     ]
+    assert out.keys("slow") == [["ada"], ["cy"]]
     assert sorted((r["user"], r["ms"]) for r in out.lake("slow")) == [("ada", 1500), ("cy", 4000)]
     [dead] = out.dead_letters
     assert "'page'" in dead["error"] and dead["source_offset"] == 3

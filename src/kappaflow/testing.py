@@ -75,6 +75,10 @@ class Results:
         """The JSON records published to ``topic`` (committed, in order)."""
         return [json.loads(value) for _, value in self.publisher.topics.get(topic, [])]
 
+    def keys(self, topic: str) -> list[Any]:
+        """The keys of the records published to ``topic``, as JSON (None: no key)."""
+        return [json.loads(key) if key else None for key, _ in self.publisher.topics.get(topic, [])]
+
     def changes(self, output: str) -> list[dict[str, Any]]:
         """Every change of a windowed output's results, from its changelog topic."""
         return self.records(f"{self.job}.{output}")

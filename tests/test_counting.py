@@ -314,7 +314,9 @@ def start_with_crash(
     assert result.code == 0, result.err
 
 
-@pytest.mark.parametrize("step", STEPS)
+# A crash before a batch writes anything re-runs it like any other; the steps after a
+# write are where exactly-once could break.
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "before-redis"])
 def test_a_crash_changes_nothing(
     cli: RunCli,
     serving: Settings,

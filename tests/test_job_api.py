@@ -28,6 +28,7 @@ SUPPORT = REPO / "tests" / "support"
         (jobs_under_test.declares_nothing, "KF731", "declares no output"),
         (jobs_under_test.unknown_column, "KF732", "no column 'region'"),
         (jobs_under_test.redis_for_records, "KF730", "windowed results"),
+        (jobs_under_test.schema_does_not_compile, "KF701", "payload"),
     ],
 )
 def test_a_wrong_job_is_told_what_is_wrong(

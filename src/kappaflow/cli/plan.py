@@ -21,7 +21,12 @@ def show_plan(plan: dict[str, Any]) -> None:
         if "window" in output:
             window = output["window"]
             slide = f" every {window['slide_ms']} ms" if window["slide_ms"] else ""
-            what = f"windows of {window['size_ms']} ms{slide} by {output['by']}: " + ", ".join(
+            shape = (
+                f"sessions with a gap of {window['size_ms']} ms"
+                if window.get("session")
+                else f"windows of {window['size_ms']} ms{slide}"
+            )
+            what = f"{shape} by {output['by']}: " + ", ".join(
                 f"{k}={v}" for k, v in output["aggregates"].items()
             )
         elif "stateful" in output:

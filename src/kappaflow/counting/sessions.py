@@ -77,7 +77,7 @@ def decode_sessions(blob: bytes | None) -> pd.DataFrame:
     return frame_from_ipc(blob)
 
 
-def _decode_ids(blob: bytes | None) -> pd.DataFrame:
+def decode_ids(blob: bytes | None) -> pd.DataFrame:
     if not blob:
         return pd.DataFrame({"hash": pd.Series(dtype="int64"), "ts": pd.Series(dtype="int64")})
     return frame_from_ipc(blob)
@@ -104,12 +104,12 @@ class SessionCounter(StatefulProcessor):
             return
         stored = self._stored()
         sessions = decode_sessions(stored.sessions if stored else None)
-        ids = _decode_ids(stored.ids if stored else None)
+        ids = decode_ids(stored.ids if stored else None)
         times = events["ts"].to_numpy(dtype="int64")
         fresh = np.ones(len(events), dtype=bool)
         if self.dedup:
-            fresh, ids = _fresh(events, ids)
-        touching = _touches(events["key"].to_numpy(dtype=object), times, sessions, self.gap_ms)
+            fresh, ids = fresh_ids(events, ids)
+        touching = touches(events["key"].to_numpy(dtype=object), times, sessions, self.gap_ms)
         late = fresh & (times < watermark - self.lateness_ms) & ~touching
         counted = fresh & ~late
         frames = [
@@ -142,7 +142,7 @@ class SessionCounter(StatefulProcessor):
         if stored is None:
             return
         sessions = decode_sessions(stored.sessions)
-        ids = _decode_ids(stored.ids)
+        ids = decode_ids(stored.ids)
         frames: list[pd.DataFrame] = []
         due = (~sessions["final"]) & (sessions["end"] <= watermark)
         if due.any():
@@ -215,7 +215,9 @@ class SessionCounter(StatefulProcessor):
         pass
 
 
-def _fresh(events: pd.DataFrame, ids: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+def fresh_ids(events: pd.DataFrame, ids: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Which events count (not a repeat of an id seen before or earlier in ``events``:
+    columns ``has_id``, ``id_hash``, ``ts``), and the ids seen with the new ones added."""
     has_id = events["has_id"].to_numpy(dtype=bool)
     values = events["id_hash"].to_numpy(dtype="int64")
     repeat = pd.Series(values).duplicated().to_numpy() & has_id
@@ -230,7 +232,7 @@ def _fresh(events: pd.DataFrame, ids: pd.DataFrame) -> tuple[np.ndarray, pd.Data
     return fresh, pd.concat([ids, added], ignore_index=True)
 
 
-def _touches(keys: np.ndarray, times: np.ndarray, sessions: pd.DataFrame, gap: int) -> np.ndarray:
+def touches(keys: np.ndarray, times: np.ndarray, sessions: pd.DataFrame, gap: int) -> np.ndarray:
     """For each event, whether its interval [t, t + gap) overlaps a held session."""
     if sessions.empty:
         return np.zeros(len(keys), dtype=bool)

@@ -164,13 +164,18 @@ class MemoryPublisher:
 
 
 # Writes a chunk of changes. KEYS: none. ARGV: the prefix (``kf:JOB:OUTPUT:``), then a
-# JSON array holding three strings per change: key, window start, the window's JSON.
+# JSON array holding three strings per change: key, window start, the window's JSON (empty
+# for a retraction: a session merged into another, or whose start moved, is removed).
 _WRITE = """
 local prefix = ARGV[1]
 local items = cjson.decode(ARGV[2])
 for i = 1, #items, 3 do
-  redis.call('HSET', prefix .. 'w:' .. items[i], items[i + 1], items[i + 2])
-  redis.call('SADD', prefix .. 'keys', items[i])
+  if items[i + 2] == '' then
+    redis.call('HDEL', prefix .. 'w:' .. items[i], items[i + 1])
+  else
+    redis.call('HSET', prefix .. 'w:' .. items[i], items[i + 1], items[i + 2])
+    redis.call('SADD', prefix .. 'keys', items[i])
+  end
 end
 return #items / 3
 """
@@ -208,7 +213,8 @@ class RedisStore:
         for low in range(0, len(changes), _CHUNK):
             items: list[str] = []
             for change in changes[low : low + _CHUNK]:
-                items += [change["key"], str(change["window_start"]), window_json(change)]
+                held = "" if change["values"] is None else window_json(change)
+                items += [change["key"], str(change["window_start"]), held]
             self._write(args=[prefix, json.dumps(items)])
         pairs = [str(x) for name, value in sorted(stats.items()) for x in (name, value)]
         self._stats(args=[prefix + "stats", batch_id, *pairs])
@@ -240,7 +246,11 @@ class MemoryStore:
     ) -> None:
         held = self.windows.setdefault(output, {})
         for change in changes:
-            held[(change["key"], change["window_start"])] = json.loads(window_json(change))
+            window = (change["key"], change["window_start"])
+            if change["values"] is None:  # a retracted session
+                held.pop(window, None)
+            else:
+                held[window] = json.loads(window_json(change))
         if batch_id > self.applied.get(output, -1):
             totals = self.stats.setdefault(output, {})
             for name, value in stats.items():

@@ -37,6 +37,8 @@ def signature(output: Output) -> dict[str, Any]:
             aggregates={name: repr(a) for name, a in sorted(agg.aggregates.items())},
             id=source.id is not None,
         )
+        if agg.window.session:
+            found["session"] = True
     return found
 
 

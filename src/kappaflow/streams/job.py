@@ -68,10 +68,12 @@ class Source:
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """Event-time windows: ``size_ms`` long, starting every ``slide_ms`` (tumbling: None)."""
+    """Event-time windows: ``size_ms`` long, starting every ``slide_ms`` (tumbling: None);
+    with ``session``, per key, events closer than ``size_ms`` (the gap) form one window."""
 
     size_ms: int
     slide_ms: int | None
+    session: bool = False
 
 
 @dataclass
@@ -253,12 +255,18 @@ class Stream:
         *,
         tumbling: str | timedelta | None = None,
         sliding: tuple[str | timedelta, str | timedelta] | None = None,
+        session: str | timedelta | None = None,
     ) -> Windowed:
-        """Event-time windows: ``tumbling=size`` or ``sliding=(size, slide)``."""
-        if (tumbling is None) == (sliding is None):
-            raise InvalidWindowError("give exactly one of tumbling= and sliding=")
+        """Event-time windows: ``tumbling=size``, ``sliding=(size, slide)``, or
+        ``session=gap`` (per key, a window holds events closer than ``gap`` to the next:
+        it runs from its first event to its last plus the gap)."""
+        given = [w for w in (tumbling, sliding, session) if w is not None]
+        if len(given) != 1:
+            raise InvalidWindowError("give exactly one of tumbling=, sliding= and session=")
         if tumbling is not None:
             spec = WindowSpec(millis(tumbling, "tumbling"), None)
+        elif session is not None:
+            spec = WindowSpec(millis(session, "session gap"), None, session=True)
         else:
             assert sliding is not None
             spec = WindowSpec(millis(sliding[0], "window size"), millis(sliding[1], "slide"))

@@ -22,6 +22,7 @@ from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError
 from kappaflow.streams.backends import Publisher, ResultStore
 from kappaflow.streams.job import BOOKKEEPING, Job, Output
 from kappaflow.streams.lake import LakeWriter
+from kappaflow.streams.session_windows import aggregate_sessions
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
 from kappaflow.streams.windowing import aggregate_windows
 from kappaflow.streams.writer import OutputTarget, OutputWriter, StepHook
@@ -141,16 +142,27 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     source = stream.source
     if output.aggregate is not None:
         agg = output.aggregate
-        rows = aggregate_windows(
-            stream.df,
-            keys=agg.keys,
-            aggregates=agg.aggregates,
-            size_ms=agg.window.size_ms,
-            slide_ms=agg.window.slide_ms,
-            watermark_ms=source.watermark_ms,
-            lateness_ms=source.lateness_ms,
-            id_column=source.id,
-        )
+        if agg.window.session:
+            rows = aggregate_sessions(
+                stream.df,
+                keys=agg.keys,
+                aggregates=agg.aggregates,
+                gap_ms=agg.window.size_ms,
+                watermark_ms=source.watermark_ms,
+                lateness_ms=source.lateness_ms,
+                id_column=source.id,
+            )
+        else:
+            rows = aggregate_windows(
+                stream.df,
+                keys=agg.keys,
+                aggregates=agg.aggregates,
+                size_ms=agg.window.size_ms,
+                slide_ms=agg.window.slide_ms,
+                watermark_ms=source.watermark_ms,
+                lateness_ms=source.lateness_ms,
+                id_column=source.id,
+            )
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:
@@ -261,7 +273,11 @@ def describe(job: Job) -> dict[str, Any]:
             entry["stateful"] = output.stream.state_definition
         if output.aggregate is not None:
             agg = output.aggregate
-            entry["window"] = {"size_ms": agg.window.size_ms, "slide_ms": agg.window.slide_ms}
+            entry["window"] = {
+                "size_ms": agg.window.size_ms,
+                "slide_ms": agg.window.slide_ms,
+                "session": agg.window.session,
+            }
             entry["by"] = list(agg.keys)
             entry["aggregates"] = {k: repr(v) for k, v in agg.aggregates.items()}
         outputs.append(entry)

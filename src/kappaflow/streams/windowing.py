@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.streaming.stateful_processor import (
@@ -100,25 +100,14 @@ def aggregate_windows(
     """The changes, late events and statistics of ``aggregates`` per key and window
     (OUTPUT_SCHEMA); tumbling windows, or sliding ones with ``slide_ms``."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
-    names, bound = _bind(events, keys, aggregates, id_column)
-    key_json = (
-        F.concat(
-            F.lit("["),
-            F.concat_ws(
-                ",", *[F.regexp_replace(F.to_json(F.array(F.col(k))), r"^\[|\]$", "") for k in keys]
-            ),
-            F.lit("]"),
-        )
-        if keys
-        else F.lit("[]")
-    )
+    names, bound = bind_aggregates(events, keys, aggregates, id_column)
     newest = F.floor(F.col("_kf_time") / step) * step
     windowed = (
         events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
         .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
         .drop("_kf_event_time")
         .withColumn("_kf_back", F.explode(F.sequence(F.lit(0), F.lit(size_ms // step - 1))))
-        .withColumn("_kf_key", key_json)
+        .withColumn("_kf_key", key_json(keys))
     )
     selected = windowed.select(
         (newest - F.col("_kf_back") * step).cast("long").alias("window_start"),
@@ -158,7 +147,15 @@ def _check_windows(size_ms: int, slide_ms: int | None, watermark_ms: int, latene
     return step
 
 
-def _bind(
+def key_json(keys: Sequence[str]) -> Column:
+    """The key columns' values as the text of a JSON array (``[]`` without keys)."""
+    if not keys:
+        return F.lit("[]")
+    items = [F.regexp_replace(F.to_json(F.array(F.col(k))), r"^\[|\]$", "") for k in keys]
+    return F.concat(F.lit("["), F.concat_ws(",", *items), F.lit("]"))
+
+
+def bind_aggregates(
     events: DataFrame,
     keys: Sequence[str],
     aggregates: Mapping[str, Aggregate],
@@ -361,15 +358,7 @@ class WindowAggregator(StatefulProcessor):
         )
 
     def _values(self, partials: pa.Table) -> list[str]:
-        """Each row's values as a JSON object (name → value, in declaration order)."""
-        results = [
-            agg.results([partials[partial_name(i, p)].combine_chunks() for p in agg.partials()])
-            for i, agg in enumerate(self.aggregates)
-        ]
-        return [
-            json.dumps(dict(zip(self.names, row, strict=True)), separators=(",", ":"))
-            for row in zip(*results, strict=True)
-        ]
+        return values_json(self.names, self.aggregates, partials)
 
     def _held(self, stored: WindowState | None) -> pa.Table:
         if stored is None or not stored.partials:
@@ -433,6 +422,20 @@ class WindowAggregator(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def values_json(
+    names: Sequence[str], aggregates: Sequence[Aggregate], partials: pa.Table
+) -> list[str]:
+    """Each row's values as a JSON object (name → value, in declaration order)."""
+    results = [
+        agg.results([partials[partial_name(i, p)].combine_chunks() for p in agg.partials()])
+        for i, agg in enumerate(aggregates)
+    ]
+    return [
+        json.dumps(dict(zip(names, row, strict=True)), separators=(",", ":"))
+        for row in zip(*results, strict=True)
+    ]
 
 
 def _fresh(

@@ -35,7 +35,7 @@ def test_visits_grow_merge_finish_and_correct(spark: SparkSession) -> None:
         [view("v5", "ada", "/pricing", 40, at("10:30"))],
         # 14:00 moves the watermark to 13:59: every visit so far ends behind it.
         [view("v6", "cy", "/", 1, at("14:00"))],
-        # Within the hour allowed, bob's visit is corrected ...
+        # Within the hour allowed: a visit of bob's, behind the watermark (a correction) ...
         [view("v7", "bob", "/docs", 7, at("13:10"))],
         # ... and a view from 11:00 touches no visit still held and is too late.
         [view("v8", "ada", "/", 9, at("11:00"))],
@@ -46,11 +46,14 @@ def test_visits_grow_merge_finish_and_correct(spark: SparkSession) -> None:
     assert [(c["window_start"], c["kind"]) for c in ada] == [
         ("2026-11-23T10:00:00.000Z", "provisional"),
         ("2026-11-23T10:50:00.000Z", "provisional"),
-        ("2026-11-23T10:00:00.000Z", "provisional"),
+        # The watermark (10:49) has passed the first visit's end (10:40) ...
+        ("2026-11-23T10:00:00.000Z", "final"),
+        # ... so the bridged visit corrects a final result.
+        ("2026-11-23T10:00:00.000Z", "correction"),
         ("2026-11-23T10:50:00.000Z", "correction"),
         ("2026-11-23T10:00:00.000Z", "final"),
     ]
-    first, second, bridged, retracted, final = ada
+    first, second, _, bridged, retracted, final = ada
     assert first["values"] == {"views": 2, "pages": 2, "seconds": 30}
     assert second["values"] == {"views": 1, "pages": 1, "seconds": 30}
     assert bridged["previous"] == first["values"]

@@ -160,7 +160,7 @@ class SessionAggregator(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         events = pd.concat(list(rows), ignore_index=True)
         stored = self._stored()
-        sessions = self._sessions(stored)
+        sessions, expired = self._expire(self._sessions(stored), watermark)
         ids = decode_ids(stored.ids if stored else None)
         times = events["ts"].to_numpy(dtype="int64")
         fresh = np.ones(len(events), dtype=bool)
@@ -179,6 +179,7 @@ class SessionAggregator(StatefulProcessor):
                 duplicates=[int((~fresh).sum())],
             )
         ]
+        out.extend(expired)
         if late.any():
             out.append(self._too_late(events[late], watermark))
         if counted.any():
@@ -305,6 +306,15 @@ class SessionAggregator(StatefulProcessor):
             return
         sessions = self._sessions(stored)
         ids = decode_ids(stored.ids)
+        sessions, out = self._expire(sessions, watermark)
+        self._save(sessions, ids, watermark)
+        if out:
+            yield pa.concat_tables(out)
+
+    def _expire(self, sessions: pa.Table, watermark: int) -> tuple[pa.Table, list[pa.Table]]:
+        """The sessions the watermark has passed made final (their ``final`` rows), and
+        those past the allowed lateness forgotten. Run before a batch's events too, so
+        that what an event meets does not depend on whether the timers ran first."""
         out: list[pa.Table] = []
         final = sessions["final"].to_numpy(zero_copy_only=False)
         end = sessions["end"].to_numpy()
@@ -333,9 +343,7 @@ class SessionAggregator(StatefulProcessor):
         if gone.any():
             out.append(output_table(1, kind=[CLOSED], events=[int(gone.sum())]))
             sessions = sessions.filter(pa.array(~gone))
-        self._save(sessions, ids, watermark)
-        if out:
-            yield pa.concat_tables(out)
+        return sessions, out
 
     def _save(self, sessions: pa.Table, ids: pd.DataFrame, watermark: int) -> None:
         """Keep what may still change; wake up when the next session is due."""

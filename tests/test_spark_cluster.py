@@ -1,4 +1,5 @@
-"""The same job on a Spark standalone cluster (a master and a worker on this machine)."""
+"""Jobs on a Spark standalone cluster (a master and a worker on this machine): the clean
+pipeline, and a user's job whose code the cluster gets only by the job shipping it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import pytest
 from confluent_kafka import Producer
 from conftest import RunCli, free_port, start_clean_job
 
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.settings import Settings
+from kappaflow.streams.lake_read import read_arrow
 from kappaflow.waiting import wait_for
 
 # Starts services of its own.
@@ -142,3 +145,87 @@ def test_clean_job_on_a_standalone_cluster(
 
     assert sorted(wait_for(cleaned, timeout=180, what="the cluster's output")) == list(range(50))
     assert cli("jobs", "stop", job).code == 0
+
+
+# A user's module the cluster's Python workers cannot import unless the job ships it:
+# the UDF is pickled by reference to ``shout``.
+USER_MODULE = """
+from dataclasses import dataclass
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
+
+import kappaflow as kf
+
+
+def shout(word):
+    return word.upper() + "!"
+
+
+@dataclass
+class Word:
+    word: str
+    at: kf.EventTime
+
+
+def build(job):
+    words = job.source(job.param("topic"), Word)
+    loud = words.with_column("loud", F.udf(shout, StringType())("word"))
+    loud.select("loud").to(kf.topic(job.param("out")), kf.lake("loud"), name="loud")
+"""
+
+
+def test_a_user_job_on_a_standalone_cluster_with_hadoop_uris(
+    standalone: tuple[str, str],
+    cli: RunCli,
+    kafka: Settings,
+    new_topic: Callable[..., str],
+    topic_name: str,
+    tmp_path: Path,
+) -> None:
+    url, status_url = standalone
+    module = f"shipped_{topic_name.replace('-', '_')}"
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / f"{module}.py").write_text(USER_MODULE)
+    source, dest, job = new_topic(), f"{topic_name}-loud", f"user-{topic_name}"
+    producer = Producer(kafka.kafka.client_config())
+    for n in range(20):
+        value = {"word": f"w{n}", "at": 1_795_428_000_000 + n}
+        producer.produce(source, value=json.dumps(value).encode())
+    assert producer.flush(30) == 0
+
+    # Checkpoints and the lake as Hadoop URIs, not plain paths.
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "code"), os.environ.get("PYTHONPATH", "")]),
+        "KAPPAFLOW_CHECKPOINT_DIR": (tmp_path / "checkpoints").as_uri(),
+        "KAPPAFLOW_LAKE_DIR": (tmp_path / "lake").as_uri(),
+    }
+    started = cli(
+        "--spark-master", url, "jobs", "start", job, "--app", f"{module}:build",
+        "-P", f"topic={source}", "-P", f"out={dest}",
+        env=env,
+    )  # fmt: skip
+    assert started.code == 0, started.err
+    apps = _master_state(status_url)["activeapps"]
+    assert f"kappaflow:{job}" in [app["name"] for app in apps]
+
+    jobs = JobManager(kafka)
+
+    def shouted() -> list[str] | None:
+        if jobs.get_state(job) == "failed":
+            raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
+        values = [
+            json.loads(m.value() or b"{}")["loud"]
+            for m in read_records(kafka.kafka, dest, start=StartAt(beginning=True))
+        ]
+        return values if len(values) >= 20 else None
+
+    try:
+        loud = wait_for(shouted, timeout=180, what="the cluster's output")
+    finally:
+        if jobs.get_state(job) == "running":
+            jobs.stop(job)
+    assert sorted(loud) == sorted(f"W{n}!" for n in range(20))
+    assert (tmp_path / "checkpoints" / job / "loud" / "commits").is_dir()
+    lake = read_arrow((tmp_path / "lake").as_uri() + f"/{job}/loud").to_pylist()
+    assert sorted(r["loud"] for r in lake) == sorted(loud)

@@ -461,6 +461,13 @@ class LakePublishError(StreamError, OSError):
     code = "KF725"
 
 
+class StoragePathError(StreamError, OSError):
+    """A checkpoint or lake path whose file system Spark cannot reach: no Hadoop file
+    system for its scheme, or a URI it cannot parse."""
+
+    code = "KF726"
+
+
 class UnknownAggregateError(StreamError, LookupError):
     """An aggregate of a kind kappaflow does not have."""
 

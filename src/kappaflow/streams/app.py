@@ -16,7 +16,14 @@ from kappaflow.streams.backends import KafkaPublisher, RedisStore, commits_topic
 from kappaflow.streams.check import record_plan, verify_restart
 from kappaflow.streams.job import Job
 from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.runtime import Backends, Build, declare, output_topics, start_outputs
+from kappaflow.streams.runtime import (
+    Backends,
+    Build,
+    declare,
+    lake_paths,
+    output_topics,
+    start_outputs,
+)
 from kappaflow.streams.shipping import ship_user_code
 from kappaflow.streams.sinks import RedisSink
 from kappaflow.streams.writer import StepHook
@@ -70,6 +77,8 @@ def start_app(
             )
     checkpoint_root = f"{settings.checkpoint_location.rstrip('/')}/{ctx.name}"
     fs = HadoopFs(ctx.spark, checkpoint_root)
+    for path in lake_paths(job, settings.lake_root):
+        HadoopFs(ctx.spark, path)  # a path Spark cannot write is refused before any write
     verify_restart(job, fs, checkpoint_root)
     _create_topics(settings, job)
     wants_redis = any(isinstance(s, RedisSink) for o in job.outputs for s in o.sinks)

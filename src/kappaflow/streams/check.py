@@ -74,13 +74,15 @@ def check_app(
     from kappaflow.kafka.topics import list_topics
     from kappaflow.spark.session import build_session
     from kappaflow.streams.app import KafkaReader
-    from kappaflow.streams.runtime import declare, describe
+    from kappaflow.streams.runtime import declare, describe, lake_paths
 
     build = load_build(reference)
     job_name = name or reference.partition(":")[0].rsplit(".", 1)[-1]
     spark = build_session(settings, app_name=f"kappaflow:check:{job_name}")
     job = declare(build, job_name, params, spark, KafkaReader(settings))
     root = f"{settings.checkpoint_location.rstrip('/')}/{job_name}"
+    for path in lake_paths(job, settings.lake_root):
+        HadoopFs(spark, path)
     verify_restart(job, HadoopFs(spark, root), root)
     plan = describe(job)
     existing = {t["name"] for t in list_topics(settings.kafka)}

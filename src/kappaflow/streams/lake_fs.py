@@ -12,9 +12,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from kappaflow.errors import LakePublishError
+from kappaflow.errors import LakePublishError, StoragePathError
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,16 @@ class HadoopFs:
         jvm: Any = spark._jvm
         self._jvm = jvm
         self._conf: Any = spark._jsc.hadoopConfiguration()
-        self._root: Any = jvm.org.apache.hadoop.fs.Path(root)
-        self._fs: Any = self._root.getFileSystem(self._conf)
+        try:
+            self._root: Any = jvm.org.apache.hadoop.fs.Path(root)
+            self._fs: Any = self._root.getFileSystem(self._conf)
+        except Py4JJavaError as error:
+            cause = error.java_exception
+            raise StoragePathError(
+                f"cannot reach {root!r}: {cause.getClass().getSimpleName()}: "
+                f"{cause.getMessage()} (use a path, a file: URI, or put the jars of the "
+                "scheme's Hadoop file system in spark.jars)"
+            ) from None
         #: The root as a fully qualified URI (``file:/tmp/t``, ``hdfs://nn/t``): what Spark's
         #: reader and writer are given.
         self.root_uri: str = self._fs.makeQualified(self._root).toString()

@@ -229,6 +229,16 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
     )
 
 
+def lake_paths(job: Job, lake_root: str) -> list[str]:
+    """Where the job's lake tables live."""
+    return [
+        _lake_path(sink.table, job.name, lake_root)
+        for output in job.outputs
+        for sink in output.sinks
+        if isinstance(sink, ParquetSink)
+    ]
+
+
 def _lake_path(table: str, job: str, root: str) -> str:
     if table.startswith("/") or "://" in table:
         return table

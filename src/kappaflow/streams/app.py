@@ -79,12 +79,14 @@ def start_app(
     fs = HadoopFs(ctx.spark, checkpoint_root)
     for path in lake_paths(job, settings.lake_root):
         HadoopFs(ctx.spark, path)  # a path Spark cannot write is refused before any write
+    wants_redis = any(isinstance(s, RedisSink) for o in job.outputs for s in o.sinks)
+    # Redis is reached now, so that a job whose store is down creates nothing.
+    store = RedisStore(redis_client(settings), ctx.name) if wants_redis else None
     verify_restart(job, fs, checkpoint_root)
     _create_topics(settings, job)
-    wants_redis = any(isinstance(s, RedisSink) for o in job.outputs for s in o.sinks)
     backends = Backends(
         publisher=KafkaPublisher(settings, ctx.name),
-        store=RedisStore(redis_client(settings), ctx.name) if wants_redis else None,
+        store=store,
         checkpoint_root=checkpoint_root,
         lake_root=settings.lake_root,
         status_dir=settings.jobs_dir.resolve() / ctx.name / "outputs",

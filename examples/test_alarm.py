@@ -56,6 +56,9 @@ def test_an_incident_is_raised_once_and_resolved_by_a_cool_reading_or_silence(
     [late] = out.late
     assert '"10:00:10' in late["event"] or "10:00:10" in late["event"]
     assert late["reason"].startswith('late: event time 2026-11-23T10:00:10.000Z of key ["d1"]')
+    assert late["key"] == {"device": "d1"}
+    stats = out.stats("overheating")
+    assert (stats["events"], stats["late"]) == (11, 1)  # readings handled, not alerts made
     lake = out.lake("alerts")
     assert sorted((r["device"], r["kind"]) for r in lake) == [
         ("d1", "raised"),

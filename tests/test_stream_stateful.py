@@ -87,11 +87,16 @@ def readings(*events: tuple[int, float], offset: int = 0, partition: int = 0) ->
     )
 
 
-def rows_of(frame: Any) -> list[dict[str, Any]]:
+def all_rows(frame: Any) -> list[dict[str, Any]]:
     assert isinstance(frame, pd.DataFrame)
     return (
         [] if frame.empty else [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
     )
+
+
+def rows_of(frame: Any) -> list[dict[str, Any]]:
+    """The rows the writer publishes (records and late events), not the statistics."""
+    return [r for r in all_rows(frame) if r["kind"] != "stats"]
 
 
 def records(frame: Any) -> list[dict[str, Any]]:
@@ -141,8 +146,12 @@ def test_state_is_kept_across_calls_and_events_come_in_event_time_order() -> Non
         "late": False,
         "at": "2026-11-18T11:06:41.000Z",
     }
-    rows = rows_of(out)
-    assert {(r["kind"], r["key"], r["time"]) for r in rows} == {("record", '["d1"]', T0 + 2_000)}
+    rows = all_rows(out)
+    assert {(r["kind"], r["key"], r["time"]) for r in rows if r["kind"] == "record"} == {
+        ("record", '["d1"]', T0 + 2_000)
+    }
+    # The events that reached the function, for the output's accounting.
+    assert [(r["key"], r["events"]) for r in rows if r["kind"] == "stats"] == [('["d1"]', 2)]
     out = feed(t, readings((T0 + 3_000, 3.0), offset=2))
     assert [(s["count"], s["times"][-1]) for s in records(out)] == [(3, T0 + 3_000)]
     state = stored(t)
@@ -251,8 +260,9 @@ def test_late_events_go_to_the_late_topic_with_their_offset_and_never_reach_the_
     )
     t.setWatermark(T0 + MINUTE)
     frame = readings((T0 + 30_000, 1.0), (T0 + 31_000, 2.0), offset=7, partition=3)
-    out = rows_of(feed(t, frame))
-    [late, record] = sorted(out, key=lambda r: r["kind"])
+    out = all_rows(feed(t, frame))
+    [late, record, stats] = sorted(out, key=lambda r: r["kind"])
+    assert stats["events"] == 1  # the late event did not reach the function
     assert (late["kind"], late["src_partition"], late["src_offset"]) == ("late", 3, 7)
     assert list(late["offsets"]) == [7] and late["watermark"] == T0 + MINUTE
     assert late["reason"] == (

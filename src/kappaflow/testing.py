@@ -106,8 +106,10 @@ class Results:
         return self.records(f"{self.job}.late")
 
     def stats(self, output: str) -> dict[str, int]:
-        """The output's accounting as the serving store holds it."""
-        return dict(self.store.stats.get(output, {}))
+        """The output's accounting (events passed, duplicates, late, dead letters, Kafka
+        records and lake rows written) as its last commit marker holds it."""
+        marker = self.publisher.markers.get(output)
+        return dict(marker["totals"]) if marker else {}
 
     def lake(self, table: str) -> list[dict[str, Any]]:
         """The committed rows of the lake table ``table`` (a name the job gave)."""

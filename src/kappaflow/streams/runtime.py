@@ -216,6 +216,7 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
         if isinstance(sink, ParquetSink)
     )
     user = output.stream.df.drop(*BOOKKEEPING)
+    state = output.stream.state_definition
     return OutputTarget(
         job=job.name,
         name=output.name,
@@ -226,6 +227,14 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
         lakes=lakes,
         row_schema=user.schema if output.aggregate is None else None,
         status_dir=backends.status_dir,
+        records_are_events=output.aggregate is None and state is None,
+        late_keys=(
+            output.aggregate.keys
+            if output.aggregate is not None
+            else tuple(state["by"])
+            if state is not None
+            else ()
+        ),
     )
 
 

@@ -113,7 +113,7 @@ def process_stream(
     derived._frame = typed
     derived.output_rows = rows.select(
         "kind",
-        F.lit("[]").alias("key"),
+        "key",
         "row",
         "reason",
         "watermark",
@@ -122,6 +122,7 @@ def process_stream(
         "src_partition",
         "src_offset",
         "offsets",
+        "events",
     )
     derived.name = name or function.name
     # The state is kept as JSON by field name (fields may come and go); what it is

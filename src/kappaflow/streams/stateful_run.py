@@ -44,10 +44,11 @@ OUTPUT_COLUMNS = (
     "src_partition",
     "src_offset",
     "offsets",
+    "events",
 )
 OUTPUT_SCHEMA = (
     "kind STRING, key STRING, row STRING, reason STRING, watermark BIGINT, time BIGINT, "
-    "src_partition INT, src_offset BIGINT, offsets ARRAY<BIGINT>"
+    "src_partition INT, src_offset BIGINT, offsets ARRAY<BIGINT>, events BIGINT"
 )
 # No leading underscore: Spark hands the processor such columns renamed.
 RECORD, TIME, PARTITION, OFFSET = "kf_record", "kf_time", "kf_partition", "kf_offset"
@@ -94,6 +95,7 @@ class KeyedProcessor(StatefulProcessor):
                 late.append(event)
             run.saw(int(time), int(partition), int(offset))
         if events:
+            run.stats_row(len(events))
             ctx = run.context(late)
             run.emit(self.function(run.key, events, ctx), run.newest)
             run.fire_due(ctx)
@@ -220,10 +222,16 @@ class _Run:
         for t in sorted(wanted - self.registered):
             self.p.handle.registerTimer(t)
 
+    def stats_row(self, events: int) -> None:
+        """How many events reached the function in this call (the output's accounting)."""
+        self._row("stats", None, None, None, None, None, None, events)
+
     def _row(self, kind: str, row: str | None, reason: str | None, *rest: Any) -> None:
-        time, partition, offset, offsets = rest
+        time, partition, offset, offsets, *events = rest
         values = (kind, self.key_json, row, reason, self.watermark, time, partition, offset)
-        for column, value in zip(OUTPUT_COLUMNS, (*values, offsets), strict=True):
+        for column, value in zip(
+            OUTPUT_COLUMNS, (*values, offsets, events[0] if events else 0), strict=True
+        ):
             self.out[column].append(value)
 
     def frames(self) -> Iterator[pd.DataFrame]:

@@ -62,6 +62,12 @@ class OutputTarget:
     lakes: tuple[LakeWriter, ...]
     #: A plain stream's row type, to give its lake its typed columns back.
     row_schema: StructType | None = None
+    #: What a late event's ``key`` names: an aggregate's key columns, or the columns a
+    #: stateful function is run by.
+    late_keys: tuple[str, ...] = ()
+    #: Whether each record written is an event passed (a plain stream), rather than what a
+    #: stateful function made of them (it reports the events it got in ``stats`` rows).
+    records_are_events: bool = False
     #: Where the output's status file goes (none under the test harness).
     status_dir: Path | None = None
 
@@ -105,7 +111,8 @@ class OutputWriter:
             dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
             counted = table.filter(pc.equal(kind, STATS))
             stats = {
-                "events": _sum(counted["events"]) + records.num_rows,
+                "events": _sum(counted["events"])
+                + (records.num_rows if target.records_are_events else 0),
                 "duplicates": _sum(counted["duplicates"]),
                 "late": len(late),
                 "dead_letters": len(dead),
@@ -251,7 +258,7 @@ class OutputWriter:
             "output": self.target.name,
             "reason": r["reason"],
             "watermark": iso(from_epoch_ms(r["watermark"])),
-            "key": dict(zip(self.target.keys, keys, strict=True)),
+            "key": dict(zip(self.target.late_keys, keys, strict=True)),
             "window_start": iso(from_epoch_ms(r["window_start"])),
             "window_end": iso(from_epoch_ms(r["window_end"])),
             "event": bytes(r["value"]).decode("utf-8", errors="replace"),

@@ -621,6 +621,14 @@ class JoinColumnClashError(StreamError):
     code = "KF753"
 
 
+class StateAfterStreamJoinError(StreamError):
+    """A windowed aggregate, a stateful function or another stream join follows a
+    stream-stream join: Spark refuses to redefine the watermark after a stateful
+    operator."""
+
+    code = "KF754"
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from kappaflow.errors import JoinColumnClashError, JoinColumnError, JoinSpecError
+from kappaflow.errors import (
+    JoinColumnClashError,
+    JoinColumnError,
+    JoinSpecError,
+    StateAfterStreamJoinError,
+)
 from kappaflow.streams.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
 
@@ -179,6 +184,8 @@ def join_stream(
         )
     if other.output_rows is not None:
         raise JoinSpecError(f"the processed stream of {name!r} cannot be joined: join before")
+    refuse_after_stream_join(stream, f"a join with the stream of {name!r}")
+    refuse_after_stream_join(other, f"a join with the stream of {name!r}")
     within_ms = millis(within, "within")
     if within_ms <= 0:
         raise JoinSpecError(f"join with {name!r}: within must be positive, got {within_ms} ms")
@@ -206,6 +213,18 @@ def join_stream(
     )
     carries = (other.source, other.parsed)
     return _joined(stream, joined, Joined("stream", name, keys, how, within_ms, carries))
+
+
+def refuse_after_stream_join(stream: Stream, what: str) -> None:
+    """KF754 if ``stream`` went through a stream-stream join: the window operator, the
+    stateful functions and the join each declare a watermark, which Spark refuses after
+    a stateful operator ("Redefining watermark is disallowed", when the query runs)."""
+    joined = next((j for j in stream.source.joins if j.kind == "stream"), None)
+    if joined is not None:
+        raise StateAfterStreamJoinError(
+            f"{what} cannot follow the join of {stream.source.topic!r} with the stream of "
+            f"{joined.name!r}: write the joined stream to a topic and read that in another job"
+        )
 
 
 def _delay(source: Source) -> int:

@@ -116,8 +116,7 @@ def start_outputs(
                 joined.setdefault(join.name, join.carries)
         target = _target(job, output, backends)
         # Spark runs a stream-stream join in append mode only; its rows are final
-        # anyway (a match is output once), and a window operator after it emits its
-        # changes in append mode as in update mode.
+        # anyway: a match is output once (no window or state may follow, joins.py).
         mode = "append" if any(j.kind == "stream" for j in output.stream.source.joins) else "update"
         queries.append(_start(frame, target, backends, reader, on_step, mode, available_now))
     # A joined topic's records that do not parse reach the dead-letter topic through a

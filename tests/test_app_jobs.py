@@ -22,6 +22,7 @@ from faults import CRASH_AT, CRASH_RECORD
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
+from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.records import StartAt, read_records
@@ -314,3 +315,20 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
         {"order_id": "o1", "paid": 4.0},
         {"order_id": "o3", "paid": 6.0},
     ]
+
+
+def test_a_job_whose_table_topic_is_missing_does_not_start(
+    spark: SparkSession, kafka: Settings, new_topic: Callable[..., str]
+) -> None:
+    missing = f"products-{uuid.uuid4().hex[:8]}"
+    params = {
+        "orders": new_topic(),
+        "products": missing,
+        "payments": new_topic(),
+        "enriched": "enriched",
+        "paid": "paid",
+    }
+    with pytest.raises(KappaflowError) as raised:
+        start_app(orders_joined, JobContext(f"joins-{uuid.uuid4().hex[:8]}", params, spark, kafka))
+    assert raised.value.code == "KF404"
+    assert f"reads topic {missing!r}, which does not exist" in str(raised.value)

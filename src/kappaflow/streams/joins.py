@@ -118,6 +118,9 @@ def kafka_table(job: Job, topic: str, schema: type, keys: tuple[str, ...]) -> Re
 
     if not keys:
         raise JoinSpecError(f"table {topic!r}: give key=..., the fields that identify a row")
+    nested = next((k for k in keys if "." in k), None)
+    if nested is not None:
+        raise JoinSpecError(f"table {topic!r}: key {nested!r} is nested; key by top-level fields")
     record = compile_schema(schema)
     for path in keys:
         record.field(path)

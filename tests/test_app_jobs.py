@@ -332,3 +332,15 @@ def test_a_job_whose_table_topic_is_missing_does_not_start(
         start_app(orders_joined, JobContext(f"joins-{uuid.uuid4().hex[:8]}", params, spark, kafka))
     assert raised.value.code == "KF404"
     assert f"reads topic {missing!r}, which does not exist" in str(raised.value)
+
+
+def test_check_shows_the_joined_table(cli: RunCli, new_topic: Callable[..., str]) -> None:
+    orders, products = new_topic(), f"products-{uuid.uuid4().hex[:8]}"
+    result = cli(
+        *("jobs", "check", "--app", "orders:build"),
+        *("-P", f"orders={orders}", "-P", f"products={products}"),
+        env={"PYTHONPATH": PATH, "COLUMNS": "200"},
+    )
+    assert result.code == 0, result.err
+    assert f"table {products}  (topic does not exist yet): compacted topic, Product" in result.out
+    assert f"joined left with table {products} on ['sku']" in result.out

@@ -114,6 +114,12 @@ def no_within(job: kf.Job) -> None:
     _sales(job).join(job.source("orders", Order), on="sku").to(kf.topic())
 
 
+def windows(job: kf.Job) -> None:
+    sales = _sales(job)
+    per_sku = sales.window(tumbling="1m").aggregate("n", by="sku", n=kf.count())
+    sales.join(per_sku).to(kf.topic())  # type: ignore[arg-type]
+
+
 def window_after(job: kf.Job) -> None:
     orders = job.source("orders", Order, key="buyer")
     payments = job.source("payments", Payment).select("order_id", "paid")
@@ -128,6 +134,7 @@ def window_after(job: kf.Job) -> None:
         (no_column, "KF752", "the stream of 'sales' has no column 'category'"),
         (outer, "KF751", "how='outer', expected 'left' or 'inner'"),
         (no_within, "KF751", "give within=..."),
+        (windows, "KF751", "join(): Table is not a stream or a table from job.table()"),
         (window_after, "KF754", "the windowed aggregate 'n' cannot follow the join"),
     ],
 )

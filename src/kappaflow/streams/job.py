@@ -299,7 +299,7 @@ class Stream:
         ``"inner"`` drops them. A column both sides have, other than ``on``, is refused.
         """
         from kappaflow.errors import JoinSpecError
-        from kappaflow.streams.joins import join_stream, join_table
+        from kappaflow.streams.joins import Reference, join_stream, join_table
 
         keys = (on,) if isinstance(on, str) else tuple(on)
         if isinstance(other, Stream):
@@ -309,6 +309,10 @@ class Stream:
                     "apart in event time two records may be to match"
                 )
             return join_stream(self, other, keys, how, within)
+        if not isinstance(other, Reference):
+            raise JoinSpecError(
+                f"join(): {type(other).__name__} is not a stream or a table from job.table()"
+            )
         if within is not None:
             raise JoinSpecError(f"join with table {other.name!r}: within= is for two streams")
         return join_table(self, other, keys, how)

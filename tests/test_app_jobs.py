@@ -10,6 +10,7 @@ import os
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,16 @@ import redis
 from confluent_kafka import Producer
 from conftest import REPO, RunCli, error_line
 from faults import CRASH_AT, CRASH_RECORD
+from pyspark.sql import SparkSession
 
+import kappaflow as kf
+from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
+from kappaflow.streams.app import start_app
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.waiting import wait_for
 
@@ -220,3 +227,120 @@ def test_check_prints_the_plan(cli: RunCli, new_topic: Callable[..., str]) -> No
     assert output["by"] == ["country"] and output["window"]["size_ms"] == 60_000
     assert [next(iter(s)) for s in output["sinks"]] == ["kafka", "redis", "parquet"]
     assert plan["restart"] == "compatible"
+
+
+@dataclass
+class JoinedOrder:
+    order_id: str
+    sku: str
+    at: kf.EventTime
+
+
+@dataclass
+class Product:
+    sku: str
+    category: str
+
+
+@dataclass
+class Payment:
+    order_id: str
+    paid: float
+    at: kf.EventTime
+
+
+def orders_joined(job: kf.Job) -> None:
+    orders = job.source(job.param("orders"), JoinedOrder, key="sku")
+    products = job.table(job.param("products"), Product, key="sku")
+    orders.join(products).to(kf.topic(job.param("enriched")))
+    payments = job.source(job.param("payments"), Payment).select("order_id", "paid")
+    paid = orders.join(payments, on="order_id", within="1m", how="inner")
+    paid.select("order_id", "paid").to(kf.topic(job.param("paid")))
+
+
+def test_joins_on_the_broker_see_the_table_as_it_is(
+    spark: SparkSession, kafka: Settings, new_topic: Callable[..., str]
+) -> None:
+    """An update of the reference table reaches the orders processed after it; two
+    streams join exactly within their range."""
+    orders, payments = new_topic(), new_topic()
+    products = f"products-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka.kafka, products, configs={"cleanup.policy": "compact"})
+    topics = {out: f"{out}-{uuid.uuid4().hex[:8]}" for out in ("enriched", "paid")}
+    producer = Producer(kafka.kafka.client_config())
+
+    def put(topic: str, key: str, value: dict[str, Any]) -> None:
+        producer.produce(topic, key=key.encode(), value=json.dumps(value).encode())
+        assert producer.flush(30) == 0
+
+    def wait_records(topic: str, n: int) -> list[dict[str, Any]]:
+        def found() -> list[dict[str, Any]] | None:
+            values = committed_values(kafka, topic)
+            return values if len(values) >= n else None
+
+        return wait_for(
+            found,
+            timeout=60,
+            interval=0.3,
+            what=f"{n} records in {topic}",
+        )
+
+    put(products, "tea", {"sku": "tea", "category": "drinks"})
+    params = {"orders": orders, "products": products, "payments": payments, **topics}
+    name = f"joins-{uuid.uuid4().hex[:8]}"
+    queries = start_app(orders_joined, JobContext(name, params, spark, kafka))
+    try:
+        put(orders, "tea", {"order_id": "o1", "sku": "tea", "at": "2026-11-23T10:00:00Z"})
+        put(payments, "o1", {"order_id": "o1", "paid": 4.0, "at": "2026-11-23T10:00:30Z"})
+        wait_records(topics["enriched"], 1)
+        # The table changes; an order sent after it must see the new category.
+        put(products, "tea", {"sku": "tea", "category": "herbal"})
+        put(orders, "tea", {"order_id": "o2", "sku": "tea", "at": "2026-11-23T10:00:50Z"})
+        # 70 s after o2: outside the 1-minute range, never a match.
+        put(payments, "o2", {"order_id": "o2", "paid": 5.0, "at": "2026-11-23T10:02:00Z"})
+        wait_records(topics["enriched"], 2)
+        put(orders, "tea", {"order_id": "o3", "sku": "tea", "at": "2026-11-23T10:01:00Z"})
+        put(payments, "o3", {"order_id": "o3", "paid": 6.0, "at": "2026-11-23T10:01:10Z"})
+        enriched = wait_records(topics["enriched"], 3)
+        paid = wait_records(topics["paid"], 2)
+    finally:
+        for query in queries:
+            query.stop()
+    assert [(r["order_id"], r["category"]) for r in enriched] == [
+        ("o1", "drinks"),
+        ("o2", "herbal"),
+        ("o3", "herbal"),
+    ]
+    assert sorted(paid, key=lambda r: r["order_id"]) == [
+        {"order_id": "o1", "paid": 4.0},
+        {"order_id": "o3", "paid": 6.0},
+    ]
+
+
+def test_a_job_whose_table_topic_is_missing_does_not_start(
+    spark: SparkSession, kafka: Settings, new_topic: Callable[..., str]
+) -> None:
+    missing = f"products-{uuid.uuid4().hex[:8]}"
+    params = {
+        "orders": new_topic(),
+        "products": missing,
+        "payments": new_topic(),
+        "enriched": "enriched",
+        "paid": "paid",
+    }
+    with pytest.raises(KappaflowError) as raised:
+        start_app(orders_joined, JobContext(f"joins-{uuid.uuid4().hex[:8]}", params, spark, kafka))
+    assert raised.value.code == "KF404"
+    assert f"reads topic {missing!r}, which does not exist" in str(raised.value)
+
+
+def test_check_shows_the_joined_table(cli: RunCli, new_topic: Callable[..., str]) -> None:
+    orders, products = new_topic(), f"products-{uuid.uuid4().hex[:8]}"
+    result = cli(
+        *("jobs", "check", "--app", "orders:build"),
+        *("-P", f"orders={orders}", "-P", f"products={products}"),
+        env={"PYTHONPATH": PATH, "COLUMNS": "200"},
+    )
+    assert result.code == 0, result.err
+    assert f"table {products}  (topic does not exist yet): compacted topic, Product" in result.out
+    assert f"joined left with table {products} on ['sku']" in result.out

@@ -609,6 +609,33 @@ class TimerLoopError(StreamError, RuntimeError):
     code = "KF749"
 
 
+class JoinSpecError(StreamError):
+    """A join is declared wrong: an unknown ``how``, ``within`` missing for a stream or
+    given for a table, a reference table without a key, a stream joined with itself."""
+
+    code = "KF751"
+
+
+class JoinColumnError(StreamError, LookupError):
+    """A join's ``on`` column is missing on one side."""
+
+    code = "KF752"
+
+
+class JoinColumnClashError(StreamError):
+    """The joined table or stream has a column the stream already has."""
+
+    code = "KF753"
+
+
+class StateAfterStreamJoinError(StreamError):
+    """A windowed aggregate, a stateful function or another stream join follows a
+    stream-stream join: Spark refuses to redefine the watermark after a stateful
+    operator."""
+
+    code = "KF754"
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

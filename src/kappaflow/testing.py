@@ -159,6 +159,13 @@ class BatchFiles:
             .parquet(str(self.root / topic))
         )
 
+    def table(self, spark: SparkSession, topic: str) -> DataFrame:
+        """A reference table's topic: every batch at once, as the table the stream sees
+        in each of its micro-batches (the last record per key wins)."""
+        if not (self.root / topic).is_dir():
+            raise HarnessError(f"the job reads table {topic!r}, but the test gave it no batches")
+        return spark.read.schema(KAFKA_SCHEMA).parquet(str(self.root / topic))
+
     def read_range(
         self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
     ) -> DataFrame:

@@ -17,6 +17,10 @@ def show_plan(plan: dict[str, Any]) -> None:
             f"time {source['time']}, id {source['id']}, watermark {source['watermark_ms']} ms, "
             f"allowed lateness {source['allowed_lateness_ms']} ms, from {source['start']}"
         )
+    for table in plan.get("tables", []):
+        exists = "" if table["topic_exists"] else "  [yellow](topic does not exist yet)[/yellow]"
+        kind = f"compacted topic, {table['schema']}" if table["kafka"] else "parquet"
+        out.print(f"  table {table['table']}{exists}: {kind}, key {table['key']}")
     for output in plan["outputs"]:
         if "window" in output:
             window = output["window"]
@@ -34,7 +38,12 @@ def show_plan(plan: dict[str, Any]) -> None:
             what = f"stateful function {state['function']} by {state['by']}"
         else:
             what = "records"
-        out.print(f"  output {output['name']} from {output['source']}: {what}")
+        joins = "".join(
+            f" joined {j['how']} with {j['kind']} {j['with']} on {j['on']}"
+            + (f" within {j['within_ms']} ms" if j["within_ms"] is not None else "")
+            for j in output.get("joins", [])
+        )
+        out.print(f"  output {output['name']} from {output['source']}{joins}: {what}")
         for sink in output["sinks"]:
             where = next(f"{k} {v}" for k, v in sink.items() if k in ("kafka", "redis", "parquet"))
             out.print(f"    -> {where}: {sink['guarantee']}")

@@ -11,7 +11,7 @@ from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.kafka_io import read_stream
+from kappaflow.spark.kafka_io import read_batch, read_stream
 from kappaflow.streams.backends import KafkaPublisher, RedisStore, commits_topic
 from kappaflow.streams.check import record_plan, verify_restart
 from kappaflow.streams.job import Job
@@ -37,6 +37,11 @@ class KafkaReader:
 
     def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
         return read_stream(spark, self.settings, topic, starting_offsets=start)
+
+    def table(self, spark: SparkSession, topic: str) -> DataFrame:
+        # Earliest to latest offsets, resolved each time Spark plans the read: in a
+        # stream-static join, at every micro-batch.
+        return read_batch(spark, self.settings, topic)
 
     def read_range(
         self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
@@ -69,10 +74,11 @@ def start_app(
     ship_user_code(ctx.spark, build)
     job = declare(build, ctx.name, ctx.params, ctx.spark, reader)
     existing = {t["name"] for t in list_topics(settings.kafka)}
-    for source in job.sources:
-        if source.topic not in existing:
+    read = [s.topic for s in job.sources] + [t.name for t in job.tables if t.source is not None]
+    for topic in read:
+        if topic not in existing:
             raise TopicNotFoundError(
-                f"job {ctx.name!r} reads topic {source.topic!r}, which does not exist "
+                f"job {ctx.name!r} reads topic {topic!r}, which does not exist "
                 "(see `kappaflow topics list`)"
             )
     checkpoint_root = f"{settings.checkpoint_location.rstrip('/')}/{ctx.name}"

@@ -27,6 +27,10 @@ def signature(output: Output) -> dict[str, Any]:
     found: dict[str, Any] = {"source": source.topic, "kind": "records"}
     if output.stream.state_definition is not None:
         found.update(output.stream.state_definition)
+    if source.joins:
+        # A stream-stream join keeps state by its keys and range; a changed join (or a
+        # table joined before a window) changes what the output's state holds.
+        found["joins"] = [j.describe() for j in source.joins]
     if output.aggregate is not None:
         agg = output.aggregate
         found.update(
@@ -88,6 +92,8 @@ def check_app(
     existing = {t["name"] for t in list_topics(settings.kafka)}
     for source in plan["sources"]:
         source["topic_exists"] = source["topic"] in existing
+    for table in plan["tables"]:
+        table["topic_exists"] = not table["kafka"] or table["table"] in existing
     plan["checkpoint"] = root
     plan["restart"] = "compatible"
     return plan

@@ -12,7 +12,7 @@ how late events are found and reported again with their original bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,6 +33,7 @@ from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink, Sink
 from kappaflow.timeutil import parse_duration
 
 if TYPE_CHECKING:
+    from kappaflow.streams.joins import Joined, Reference
     from kappaflow.streams.stateful import StatefulFunction
 
 #: The columns kappaflow keeps beside a stream's own.
@@ -42,11 +43,23 @@ BOOKKEEPING = (TIME, PARTITION, OFFSET)
 _VERDICT = ("_kf_reason", "_kf_value", "_kf_topic")
 
 
-class SourceReader(Protocol):
-    """Where a job's sources come from: Kafka, or the test harness's batches."""
+class Reader(Protocol):
+    """Where a job's sources come from: Kafka (app.py), or the test harness's batches
+    (kappaflow.testing). Every DataFrame has Kafka's columns."""
 
     def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
-        """The topic as an unbounded DataFrame with Kafka's columns."""
+        """The topic as an unbounded DataFrame."""
+        ...
+
+    def read_range(
+        self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
+    ) -> DataFrame:
+        """The records at these offsets (partition → first and last offset)."""
+        ...
+
+    def table(self, spark: SparkSession, topic: str) -> DataFrame:
+        """Every record of the topic, as a bounded DataFrame a streaming query plans
+        again in each micro-batch (a reference table's contents)."""
         ...
 
 
@@ -64,6 +77,8 @@ class Source:
     start: str
     #: The record type's class, which stateful functions get their events as.
     model: type | None = None
+    #: The joins a stream from this source went through (joins.py), in order.
+    joins: tuple[Joined, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,13 +132,14 @@ class Job:
         name: str,
         params: Mapping[str, str],
         spark: SparkSession,
-        reader: SourceReader,
+        reader: Reader,
     ) -> None:
         self.name = name
         self.params = dict(params)
         self.spark = spark
         self._reader = reader
         self.sources: list[Source] = []
+        self.tables: list[Reference] = []
         self.outputs: list[Output] = []
 
     def param(self, key: str, default: str | None = None) -> str:
@@ -177,6 +193,29 @@ class Job:
         raw = self._reader.stream(self.spark, topic, start)
         parsed = parse_records(raw, record, time=time_field, keys=keys, id=id)
         return Stream(self, found, parsed)
+
+    def table(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
+        """The compacted topic ``topic`` as a reference table of ``schema`` records, one
+        row per value of the ``key`` fields, to join streams with (``Stream.join``).
+
+        The latest record per Kafka key is the row (a tombstone, a null value, deletes
+        it). Each micro-batch sees the table as the topic is then. A record that does not
+        parse leaves its key out of the table and goes to the job's dead-letter topic.
+        """
+        from kappaflow.streams.joins import kafka_table
+
+        found = kafka_table(self, topic, schema, (key,) if isinstance(key, str) else tuple(key))
+        self.tables.append(found)
+        return found
+
+    def table_from_lake(self, path: str, *, key: str | Sequence[str]) -> Reference:
+        """The Parquet files under ``path`` as a reference table by the ``key`` columns,
+        read once when the job is declared."""
+        from kappaflow.streams.joins import lake_table
+
+        found = lake_table(self, path, (key,) if isinstance(key, str) else tuple(key))
+        self.tables.append(found)
+        return found
 
     def stream(self, frame: DataFrame, *, like: Stream) -> Stream:
         """A DataFrame derived from ``like``'s as a stream again (for windows and sinks).
@@ -246,6 +285,40 @@ class Stream:
         """Only these columns (kappaflow's own are kept)."""
         return self._derive(self._frame.select(*columns, *BOOKKEEPING, *_VERDICT))
 
+    def join(
+        self,
+        other: Reference | Stream,
+        *,
+        on: str | Sequence[str] = (),
+        how: str = "left",
+        within: str | int | timedelta | None = None,
+    ) -> Stream:
+        """The records with the columns of ``other``'s matching row added.
+
+        ``other`` is a reference table (``job.table``; ``on`` defaults to its key) or
+        another stream, whose records match within ``within`` of each record's event
+        time. ``how="left"`` keeps records without a match (their added columns null),
+        ``"inner"`` drops them. A column both sides have, other than ``on``, is refused.
+        """
+        from kappaflow.errors import JoinSpecError
+        from kappaflow.streams.joins import Reference, join_stream, join_table
+
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if isinstance(other, Stream):
+            if within is None:
+                raise JoinSpecError(
+                    f"join with the stream of {other.source.topic!r}: give within=..., how far "
+                    "apart in event time two records may be to match"
+                )
+            return join_stream(self, other, keys, how, within)
+        if not isinstance(other, Reference):
+            raise JoinSpecError(
+                f"join(): {type(other).__name__} is not a stream or a table from job.table()"
+            )
+        if within is not None:
+            raise JoinSpecError(f"join with table {other.name!r}: within= is for two streams")
+        return join_table(self, other, keys, how)
+
     def transform(self, function: Callable[[DataFrame], DataFrame]) -> Stream:
         """``function`` applied to the DataFrame (which must keep the ``_kf_`` columns)."""
         return self.job.stream(function(self._frame), like=self)
@@ -299,8 +372,10 @@ class Stream:
         ``by`` columns, with its state and timers (``name``: the output's default name,
         else the function's). Events reach it as the source's record type, or ``record``
         after a ``select``."""
+        from kappaflow.streams.joins import refuse_after_stream_join
         from kappaflow.streams.stateful_plan import process_stream
 
+        refuse_after_stream_join(self, "a stateful function")
         return process_stream(self, function, by=by, name=name, record=record)
 
     def _column(self, name: str) -> None:
@@ -322,6 +397,9 @@ class Windowed:
         """Per window and per value of the ``by`` columns, the named ``aggregates``
         (``kf.count()``, ``kf.sum("amount")``, ...). ``name`` names the results: their
         topic ``JOB.NAME``, their lake table and their state."""
+        from kappaflow.streams.joins import refuse_after_stream_join
+
+        refuse_after_stream_join(self.stream, f"the windowed aggregate {name!r}")
         keys = (by,) if isinstance(by, str) else tuple(by)
         if not aggregates:
             raise InvalidJobError(f"aggregate {name!r}: name at least one aggregate")
@@ -362,12 +440,3 @@ def _output_name(name: str) -> str:
             "topic, a lake table and the output's state)"
         )
     return cleaned
-
-
-@dataclass
-class Plan:
-    """What a job declared, for ``jobs check`` and the runtime."""
-
-    name: str
-    sources: list[Source] = field(default_factory=list)
-    outputs: list[Output] = field(default_factory=list)

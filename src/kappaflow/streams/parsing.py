@@ -103,12 +103,13 @@ def parse_records(
     raw: DataFrame,
     schema: RecordSchema,
     *,
-    time: str,
+    time: str | None,
     keys: Sequence[str] = (),
     id: str | None = None,
 ) -> DataFrame:
     """Kafka source rows → the record's top-level fields, typed, then ``_kf_time`` (epoch
-    ms), ``_kf_reason`` (null when the record is good), ``_kf_value`` (original bytes),
+    ms; null without ``time``, as for a reference table's records), ``_kf_reason`` (null
+    when the record is good), ``_kf_value`` (original bytes),
     ``_kf_topic``, ``_kf_partition``, ``_kf_offset``. Bad records have null fields."""
     nodes = _nodes(schema, time=time, keys=keys, id=id)
     settled = _fast_path(raw, nodes)
@@ -127,10 +128,12 @@ def parse_records(
         .alias("_kf_reason"),
     )
     good = F.col("_kf_reason").isNull()
-    top, *rest = time.split(".")
-    time_value = F.col(f"_kf_f{[n.field.name for n in nodes].index(top)}")
-    for part in rest:
-        time_value = time_value.getField(part)
+    time_value = F.lit(None).cast("timestamp")
+    if time is not None:
+        top, *rest = time.split(".")
+        time_value = F.col(f"_kf_f{[n.field.name for n in nodes].index(top)}")
+        for part in rest:
+            time_value = time_value.getField(part)
     return judged.select(
         *[
             F.when(good, F.col(f"_kf_f{i}")).cast(n.field.data_type).alias(n.field.name)
@@ -146,17 +149,19 @@ def parse_records(
 
 
 def _nodes(
-    schema: RecordSchema, *, time: str, keys: Sequence[str], id: str | None
+    schema: RecordSchema, *, time: str | None, keys: Sequence[str], id: str | None
 ) -> tuple[_Node, ...]:
     """The schema's fields as this source checks them; KF705/KF706 for bad arguments."""
-    time_field = schema.field(time)
-    if time_field.kind not in ("timestamp", "event_time"):
-        raise TimeFieldTypeError(
-            f"time field {time!r} of {schema.name} is {time_field.kind}, not datetime or EventTime"
-        )
+    if time is not None:
+        time_field = schema.field(time)
+        if time_field.kind not in ("timestamp", "event_time"):
+            raise TimeFieldTypeError(
+                f"time field {time!r} of {schema.name} is {time_field.kind}, "
+                "not datetime or EventTime"
+            )
     if id is not None:
         schema.field(id)
-    roles = {time: "time", **dict.fromkeys(keys, "key")}
+    roles = {**({time: "time"} if time is not None else {}), **dict.fromkeys(keys, "key")}
     for path in roles:
         schema.field(path)
     return tuple(_node(f, f.name, roles) for f in schema.fields)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,7 +20,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError
 from kappaflow.streams.backends import Publisher, ResultStore
-from kappaflow.streams.job import BOOKKEEPING, Job, Output
+from kappaflow.streams.job import BOOKKEEPING, Job, Output, Reader, Source
 from kappaflow.streams.lake import LakeWriter
 from kappaflow.streams.session_windows import aggregate_sessions
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
@@ -51,14 +51,7 @@ OUTPUT_COLUMNS = (
 Build = Callable[[Job], None]
 
 
-class Reader(Protocol):
-    """The sources of a run: Kafka, or the harness's batches."""
-
-    def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame: ...
-
-    def read_range(
-        self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
-    ) -> DataFrame: ...
+__all__ = ["Backends", "Build", "Reader", "declare", "describe", "start_outputs"]
 
 
 @dataclass
@@ -114,26 +107,61 @@ def start_outputs(
     """One started query per output of ``job``."""
     queries = []
     carried: set[str] = set()
+    joined: dict[str, tuple[Source, DataFrame]] = {}
     for output in job.outputs:
         topic = output.stream.source.topic
         frame = output_frame(output, dead_letters=topic not in carried)
         carried.add(topic)
-        writer = OutputWriter(
-            _target(job, output, backends), backends.publisher, backends.store, reader, on_step
+        for join in output.stream.source.joins:
+            if join.carries is not None:
+                joined.setdefault(join.name, join.carries)
+        target = _target(job, output, backends)
+        # Spark runs a stream-stream join in append mode only; its rows are final
+        # anyway: a match is output once (no window or state may follow, joins.py).
+        mode = "append" if any(j.kind == "stream" for j in output.stream.source.joins) else "update"
+        queries.append(_start(frame, target, backends, reader, on_step, mode, available_now))
+    # A joined topic's records that do not parse reach the dead-letter topic through a
+    # query of their own, unless an output of that topic carries them already.
+    for topic, (source, parsed) in joined.items():
+        if topic in carried:
+            continue
+        target = OutputTarget(
+            job=job.name,
+            name=f"{topic}-dead-letters",
+            source=source,
+            keys=(),
+            topics=(),
+            redis=False,
+            lakes=(),
+            status_dir=backends.status_dir,
         )
-        stream = (
-            frame.writeStream.queryName(f"{job.name}.{output.name}")
-            .outputMode("update")
-            .option("checkpointLocation", f"{backends.checkpoint_root}/{output.name}")
-            .foreachBatch(writer)
-        )
-        stream = (
-            stream.trigger(availableNow=True)
-            if available_now
-            else stream.trigger(processingTime="0 seconds")
-        )
-        queries.append(stream.start())
+        frame = _shaped(_dead_letters(parsed))
+        queries.append(_start(frame, target, backends, reader, on_step, "append", available_now))
     return queries
+
+
+def _start(
+    frame: DataFrame,
+    target: OutputTarget,
+    backends: Backends,
+    reader: Reader,
+    on_step: StepHook | None,
+    mode: str,
+    available_now: bool,
+) -> StreamingQuery:
+    writer = OutputWriter(target, backends.publisher, backends.store, reader, on_step)
+    stream = (
+        frame.writeStream.queryName(f"{target.job}.{target.name}")
+        .outputMode(mode)
+        .option("checkpointLocation", f"{backends.checkpoint_root}/{target.name}")
+        .foreachBatch(writer)
+    )
+    stream = (
+        stream.trigger(availableNow=True)
+        if available_now
+        else stream.trigger(processingTime="0 seconds")
+    )
+    return stream.start()
 
 
 def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
@@ -175,15 +203,18 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
         )
     frame = _shaped(rows)
     if dead_letters:
-        dead = stream.parsed.where(F.col("_kf_reason").isNotNull()).select(
-            F.lit("dlq").alias("kind"),
-            F.col("_kf_reason").alias("reason"),
-            F.col("_kf_value").alias("value"),
-            F.col("_kf_partition").alias("src_partition"),
-            F.col("_kf_offset").alias("src_offset"),
-        )
-        frame = frame.unionByName(_shaped(dead))
+        frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))
     return frame
+
+
+def _dead_letters(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("_kf_reason").isNotNull()).select(
+        F.lit("dlq").alias("kind"),
+        F.col("_kf_reason").alias("reason"),
+        F.col("_kf_value").alias("value"),
+        F.col("_kf_partition").alias("src_partition"),
+        F.col("_kf_offset").alias("src_offset"),
+    )
 
 
 def _shaped(frame: DataFrame) -> DataFrame:
@@ -288,6 +319,8 @@ def describe(job: Job) -> dict[str, Any]:
             "source": output.stream.source.topic,
             "sinks": sinks,
         }
+        if output.stream.source.joins:
+            entry["joins"] = [j.describe() for j in output.stream.source.joins]
         if output.stream.state_definition is not None:
             entry["stateful"] = output.stream.state_definition
         if output.aggregate is not None:
@@ -315,6 +348,7 @@ def describe(job: Job) -> dict[str, Any]:
             }
             for s in job.sources
         ],
+        "tables": [t.describe() for t in job.tables],
         "outputs": outputs,
         "dead_letters": f"{job.name}.dlq",
         "late": f"{job.name}.late",

@@ -1,0 +1,273 @@
+"""Joins, with Spark's own: a stream with a reference table, and two streams by time.
+
+A reference table from a compacted Kafka topic is a *bounded* Kafka read of the whole
+topic (earliest to latest offsets) joined to the stream as a stream-static join. Spark
+plans the static side again in every micro-batch and the Kafka relation resolves its
+latest offsets when it is planned, so each micro-batch sees the table as it is then:
+an update to the topic reaches the orders of the next micro-batch (tests/test_app_jobs.py
+shows it), and a replayed micro-batch sees the table as of the replay. The table is the
+latest record per Kafka key (a tombstone, a null value, deletes the key), then the latest
+per ``key`` fields; a record that does not parse leaves its key out of the table and goes
+to the job's dead-letter topic once (runtime.py reads the topic as a stream for that).
+
+A Parquet table is read once, when the job is declared: Spark lists a static file
+source's files then and not per micro-batch.
+
+Two streams join inside a time range: ``other._kf_time`` within ``within`` of the
+stream's. Both sides get a watermark (the source's watermark plus its allowed lateness)
+so Spark can drop join state once no event can match it any more. The result keeps the
+left stream's bookkeeping columns (event time, partition, offset), so its late events
+are traced back to the left source by offset. Spark accepts a stream-stream join only in
+append output mode, which the runtime then uses for the output's query.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from kappaflow.errors import (
+    JoinColumnClashError,
+    JoinColumnError,
+    JoinSpecError,
+    StateAfterStreamJoinError,
+)
+from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.schema import compile_schema
+
+if TYPE_CHECKING:
+    from kappaflow.streams.job import Job, Source, Stream
+
+_HOW = ("left", "inner")
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A join a stream went through: what with, on which columns, how."""
+
+    kind: str  # "table" or "stream"
+    name: str  # the table's topic or path, or the other stream's topic
+    on: tuple[str, ...]
+    how: str
+    within_ms: int | None = None
+    #: The joined topic's source and its records with their verdicts, whose dead letters
+    #: the runtime sends to the dead-letter topic (None: a Parquet table).
+    carries: tuple[Source, DataFrame] | None = field(default=None, compare=False, repr=False)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "with": self.name,
+            "on": list(self.on),
+            "how": self.how,
+            "within_ms": self.within_ms,
+        }
+
+
+class Reference:
+    """A reference table to join streams with: one row per key, kept current."""
+
+    def __init__(
+        self,
+        name: str,
+        keys: tuple[str, ...],
+        frame: DataFrame,
+        *,
+        source: Source | None = None,
+        parsed: DataFrame | None = None,
+    ) -> None:
+        self.name = name
+        self.keys = keys
+        #: The table's rows (a bounded DataFrame, planned again in every micro-batch).
+        self.frame = frame
+        #: A Kafka table's topic as a source, for its dead letters (None: from Parquet).
+        self.source = source
+        #: The topic's records as a stream with their verdicts (runtime.py sends the ones
+        #: that do not parse to the dead-letter topic).
+        self.parsed = parsed
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.frame.columns)
+
+    def select(self, *columns: str | Column) -> Reference:
+        """Only these columns (the key columns are kept): to rename or drop a column
+        that would clash with the stream's, e.g. ``F.col("price").alias("list_price")``."""
+        extra = [c for c in columns if not (isinstance(c, str) and c in self.keys)]
+        picked = self.frame.select(*self.keys, *extra)
+        return Reference(self.name, self.keys, picked, source=self.source, parsed=self.parsed)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "table": self.name,
+            "kafka": self.source is not None,
+            "schema": self.source.schema.name if self.source is not None else "parquet",
+            "key": list(self.keys),
+        }
+
+
+def kafka_table(job: Job, topic: str, schema: type, keys: tuple[str, ...]) -> Reference:
+    """The compacted topic ``topic`` as a table of ``schema`` records by ``keys``."""
+    from kappaflow.streams.job import Source
+
+    if not keys:
+        raise JoinSpecError(f"table {topic!r}: give key=..., the fields that identify a row")
+    nested = next((k for k in keys if "." in k), None)
+    if nested is not None:
+        raise JoinSpecError(f"table {topic!r}: key {nested!r} is nested; key by top-level fields")
+    record = compile_schema(schema)
+    for path in keys:
+        record.field(path)
+    source = Source(topic, record, keys, "", None, 0, 0, "earliest", schema)
+    raw = job._reader.table(job.spark, topic)
+    rows = _latest(raw.where(F.col("key").isNotNull()), ["key"], ["partition", "offset"])
+    present = rows.unionByName(raw.where(F.col("key").isNull())).where(F.col("value").isNotNull())
+    parsed = parse_records(present, record, time=None, keys=keys)
+    fields = [f.name for f in record.fields]
+    good = parsed.where(F.col("_kf_reason").isNull())
+    table = _latest(good, list(keys), ["_kf_partition", "_kf_offset"]).select(*fields)
+    stream = job._reader.stream(job.spark, topic, "earliest")
+    verdicts = parse_records(stream.where(F.col("value").isNotNull()), record, time=None, keys=keys)
+    return Reference(topic, keys, table, source=source, parsed=verdicts)
+
+
+def lake_table(job: Job, path: str, keys: tuple[str, ...]) -> Reference:
+    """The Parquet files at ``path`` (a directory) as a table by ``keys``."""
+    if not keys:
+        raise JoinSpecError(f"table {path!r}: give key=..., the columns that identify a row")
+    frame = job.spark.read.parquet(path)
+    missing = [k for k in keys if k not in frame.columns]
+    if missing:
+        raise JoinColumnError(
+            f"table {path!r} has no key column {missing[0]!r} (columns: {', '.join(frame.columns)})"
+        )
+    return Reference(path, keys, frame)
+
+
+def _latest(frame: DataFrame, by: Sequence[str], order: Sequence[str]) -> DataFrame:
+    """The row of ``frame`` with the greatest ``order`` columns per value of ``by``."""
+    others = [c for c in frame.columns if c not in by]
+    newest = F.max_by(F.struct(*others), F.struct(*order)).alias("_kf_row")
+    return frame.groupBy(*by).agg(newest).select(*by, "_kf_row.*")
+
+
+def join_table(stream: Stream, table: Reference, on: Sequence[str], how: str) -> Stream:
+    """``stream`` with the columns of ``table``'s row whose ``on`` columns match."""
+    _check_how(how, table.name)
+    keys = tuple(on) or table.keys
+    _check_on(stream, keys, table.columns, f"table {table.name!r}")
+    _check_clash(stream, [c for c in table.columns if c not in keys], f"table {table.name!r}")
+    # Broadcast: a reference table is small beside the stream, and the join then needs
+    # no shuffle of the stream's rows.
+    joined = stream._frame.join(F.broadcast(table.frame), on=list(keys), how=how)
+    carries = None
+    if table.source is not None and table.parsed is not None:
+        carries = (table.source, table.parsed)
+    return _joined(stream, joined, Joined("table", table.name, keys, how, None, carries))
+
+
+def join_stream(
+    stream: Stream, other: Stream, on: Sequence[str], how: str, within: str | int | timedelta
+) -> Stream:
+    """``stream`` with the columns of each ``other`` record whose ``on`` columns match
+    and whose event time is within ``within`` of the stream record's."""
+    from kappaflow.streams.job import BOOKKEEPING, millis
+
+    name = other.source.topic
+    _check_how(how, name)
+    if other.source.topic == stream.source.topic:
+        raise JoinSpecError(
+            f"stream of {name!r} joined with itself: declare the topic once and filter it"
+        )
+    if other.output_rows is not None:
+        raise JoinSpecError(f"the processed stream of {name!r} cannot be joined: join before")
+    refuse_after_stream_join(stream, f"a join with the stream of {name!r}")
+    refuse_after_stream_join(other, f"a join with the stream of {name!r}")
+    within_ms = millis(within, "within")
+    if within_ms <= 0:
+        raise JoinSpecError(f"join with {name!r}: within must be positive, got {within_ms} ms")
+    keys = tuple(on)
+    if not keys:
+        raise JoinSpecError(f"join with the stream of {name!r}: give on=..., the columns to match")
+    theirs = [c for c in other.df.columns if c not in BOOKKEEPING]
+    _check_on(stream, keys, theirs, f"the stream of {name!r}")
+    _check_clash(stream, [c for c in theirs if c not in keys], f"the stream of {name!r}")
+
+    left = stream._frame.withColumn("_kf_lt", F.timestamp_millis("_kf_time")).withWatermark(
+        "_kf_lt", f"{_delay(stream.source)} milliseconds"
+    )
+    right = other.df.select(
+        *[F.col(k).alias(f"_kf_r_{k}") for k in keys],
+        *[c for c in theirs if c not in keys],
+        F.timestamp_millis("_kf_time").alias("_kf_rt"),
+    ).withWatermark("_kf_rt", f"{_delay(other.source)} milliseconds")
+    span = F.expr(f"INTERVAL {within_ms} MILLISECONDS")
+    condition = F.col("_kf_rt").between(F.col("_kf_lt") - span, F.col("_kf_lt") + span)
+    for key in keys:
+        condition = condition & (left[key] == right[f"_kf_r_{key}"])
+    joined = left.join(right, condition, how).drop(
+        "_kf_lt", "_kf_rt", *[f"_kf_r_{k}" for k in keys]
+    )
+    carries = (other.source, other.parsed)
+    return _joined(stream, joined, Joined("stream", name, keys, how, within_ms, carries))
+
+
+def refuse_after_stream_join(stream: Stream, what: str) -> None:
+    """KF754 if ``stream`` went through a stream-stream join: the window operator, the
+    stateful functions and the join each declare a watermark, which Spark refuses after
+    a stateful operator ("Redefining watermark is disallowed", when the query runs)."""
+    joined = next((j for j in stream.source.joins if j.kind == "stream"), None)
+    if joined is not None:
+        raise StateAfterStreamJoinError(
+            f"{what} cannot follow the join of {stream.source.topic!r} with the stream of "
+            f"{joined.name!r}: write the joined stream to a topic and read that in another job"
+        )
+
+
+def _delay(source: Source) -> int:
+    """How far a side's join watermark trails its events: an event the source still
+    accepts (within its allowed lateness) must still find its match."""
+    return source.watermark_ms + source.lateness_ms
+
+
+def _joined(stream: Stream, frame: DataFrame, joined: Joined) -> Stream:
+    derived = stream._derive(frame)
+    # On the source, the join survives what derives a stream from this one
+    # (Stream.process makes a new Stream from a copy of the source).
+    derived.source = dataclasses.replace(stream.source, joins=(*stream.source.joins, joined))
+    return derived
+
+
+def _check_how(how: str, name: str) -> None:
+    if how not in _HOW:
+        raise JoinSpecError(f"join with {name!r}: how={how!r}, expected 'left' or 'inner'")
+
+
+def _check_on(stream: Stream, keys: Sequence[str], theirs: Sequence[str], what: str) -> None:
+    ours = [c for c in stream.df.columns if not c.startswith("_kf_")]
+    for key in keys:
+        if key not in ours:
+            raise JoinColumnError(
+                f"join with {what}: the stream of {stream.source.topic!r} has no column "
+                f"{key!r} (columns: {', '.join(ours)})"
+            )
+        if key not in theirs:
+            raise JoinColumnError(
+                f"join with {what}: it has no column {key!r} (columns: {', '.join(theirs)})"
+            )
+
+
+def _check_clash(stream: Stream, theirs: Sequence[str], what: str) -> None:
+    ours = set(stream.df.columns)
+    for column in theirs:
+        if column in ours:
+            raise JoinColumnClashError(
+                f"join with {what}: both have a column {column!r}; rename or drop it on one "
+                "side (Reference.select / Stream.select)"
+            )

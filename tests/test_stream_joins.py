@@ -1,0 +1,213 @@
+"""Joins on the job API under the test harness: a stream with a reference table (from a
+compacted topic or from Parquet) and two streams within a time range."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import kappaflow as kf
+from kappaflow.cli.plan import show_plan
+from kappaflow.errors import KappaflowError
+from kappaflow.streams.runtime import declare, describe
+from kappaflow.testing import BatchFiles
+
+
+@dataclass
+class Order:
+    order_id: str
+    buyer: str
+    amount: float
+    at: kf.EventTime
+
+
+@dataclass
+class Payment:
+    order_id: str
+    paid: float
+    at: kf.EventTime
+
+
+def paid_orders(job: kf.Job) -> None:
+    orders = job.source("orders", Order, key="buyer")
+    payments = job.source("payments", Payment, key="order_id").select(
+        "order_id", "paid", F.col("at").alias("paid_at")
+    )
+    joined = orders.join(payments, on="order_id", within="10m")
+    joined.select("order_id", "buyer", "paid", "paid_at").to(kf.topic("paid"))
+
+
+def test_two_streams_join_within_the_range(spark: SparkSession) -> None:
+    orders = [
+        [
+            {"order_id": "o1", "buyer": "ada", "amount": 10.0, "at": "2026-11-23T10:00:00Z"},
+            {"order_id": "o2", "buyer": "bob", "amount": 20.0, "at": "2026-11-23T10:00:00Z"},
+        ],
+        [{"order_id": "o3", "buyer": "ada", "amount": 5.0, "at": "2026-11-23T10:30:00Z"}],
+        [],
+    ]
+    payments = [
+        [
+            {"order_id": "o1", "paid": 10.0, "at": "2026-11-23T10:09:00Z"},  # within 10 min
+            {"order_id": "o2", "paid": 20.0, "at": "2026-11-23T10:11:00Z"},  # too far apart
+            '{"order_id": "o3"}',
+        ],
+        [{"order_id": "o3", "paid": 5.0, "at": "2026-11-23T10:25:00Z"}],
+        [],
+    ]
+    out = kf.testing.run(paid_orders, {"orders": orders, "payments": payments}, spark=spark)
+
+    # A left join: o2, whose payment came too late to match, is output once the
+    # watermark passes its time + 10 minutes, with no payment (null fields are left out).
+    paid = sorted(out.records("paid"), key=lambda r: r["order_id"])
+    assert paid == [
+        {"order_id": "o1", "buyer": "ada", "paid": 10.0, "paid_at": "2026-11-23T10:09:00.000Z"},
+        {"order_id": "o2", "buyer": "bob"},
+        {"order_id": "o3", "buyer": "ada", "paid": 5.0, "paid_at": "2026-11-23T10:25:00.000Z"},
+    ]
+    # Keyed by the left source's key: the result is the left stream's records.
+    assert sorted(out.keys("paid")) == [["ada"], ["ada"], ["bob"]]
+    [dead] = out.dead_letters
+    assert dead["source_topic"] == "payments"
+    assert dead["error"] == "missing field 'paid'"
+
+
+@dataclass
+class Product:
+    sku: str
+    category: str
+    price: float
+
+
+@dataclass
+class Sale:
+    sku: str
+    price: float
+    at: kf.EventTime
+
+
+def _sales(job: kf.Job) -> kf.Stream:
+    return job.source("sales", Sale, key="sku")
+
+
+def clash(job: kf.Job) -> None:
+    _sales(job).join(job.table("products", Product, key="sku")).to(kf.topic())
+
+
+def no_column(job: kf.Job) -> None:
+    _sales(job).join(job.table("products", Product, key="sku"), on="category").to(kf.topic())
+
+
+def outer(job: kf.Job) -> None:
+    products = job.table("products", Product, key="sku").select("category")
+    _sales(job).join(products, how="outer").to(kf.topic())
+
+
+def no_within(job: kf.Job) -> None:
+    _sales(job).join(job.source("orders", Order), on="sku").to(kf.topic())
+
+
+def windows(job: kf.Job) -> None:
+    sales = _sales(job)
+    per_sku = sales.window(tumbling="1m").aggregate("n", by="sku", n=kf.count())
+    sales.join(per_sku).to(kf.topic())  # type: ignore[arg-type]
+
+
+def window_after(job: kf.Job) -> None:
+    orders = job.source("orders", Order, key="buyer")
+    payments = job.source("payments", Payment).select("order_id", "paid")
+    joined = orders.join(payments, on="order_id", within="1m")
+    joined.window(tumbling="1m").aggregate("n", n=kf.count()).to(kf.topic())
+
+
+@pytest.mark.parametrize(
+    ("build", "code", "message"),
+    [
+        (clash, "KF753", "both have a column 'price'"),
+        (no_column, "KF752", "the stream of 'sales' has no column 'category'"),
+        (outer, "KF751", "how='outer', expected 'left' or 'inner'"),
+        (no_within, "KF751", "give within=..."),
+        (windows, "KF751", "join(): Table is not a stream or a table from job.table()"),
+        (window_after, "KF754", "the windowed aggregate 'n' cannot follow the join"),
+    ],
+)
+def test_a_wrong_join_is_refused_when_declared(
+    spark: SparkSession, build: Any, code: str, message: str
+) -> None:
+    empty: list[list[Any]] = [[]]
+    inputs = {"sales": empty, "products": empty, "orders": empty, "payments": empty}
+    with pytest.raises(KappaflowError) as raised:
+        kf.testing.run(build, inputs, spark=spark)
+    assert raised.value.code == code
+    assert message in str(raised.value)
+
+
+def test_a_parquet_table_renamed_and_joined_inner_and_in_the_plan(
+    spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {"sku": "tea", "category": "drinks", "price": 4.0},
+                {"sku": "cake", "category": "food", "price": 3.0},
+            ]
+        ),
+        catalog / "part-0.parquet",
+    )
+
+    def priced(job: kf.Job) -> None:
+        products = job.table_from_lake(str(catalog), key="sku").select(
+            "category", F.col("price").alias("list_price")
+        )
+        sales = _sales(job).join(products, how="inner")
+        sales.select("sku", "category", "price", "list_price").to(kf.topic("priced"))
+
+    sales = [
+        [
+            {"sku": "tea", "price": 3.5, "at": 1_700_000_000_000},
+            {"sku": "mug", "price": 9.0, "at": 1_700_000_001_000},  # not in the table
+        ]
+    ]
+    out = kf.testing.run(priced, {"sales": sales}, spark=spark)
+    assert out.records("priced") == [
+        {"sku": "tea", "category": "drinks", "price": 3.5, "list_price": 4.0}
+    ]
+
+    reader = BatchFiles(tmp_path / "sources")
+    reader.write("sales", [[]])
+    reader.write("orders", [[]])
+    reader.write("payments", [[]])
+    plan = describe(declare(priced, "priced", {}, spark, reader))
+    assert plan["tables"] == [
+        {"table": str(catalog), "kafka": False, "schema": "parquet", "key": ["sku"]}
+    ]
+    [output] = plan["outputs"]
+    assert output["joins"] == [
+        {"kind": "table", "with": str(catalog), "on": ["sku"], "how": "inner", "within_ms": None}
+    ]
+    both = describe(declare(paid_orders, "paid", {}, spark, reader))
+    assert both["outputs"][0]["joins"][0]["within_ms"] == 600_000
+
+    plan.update(checkpoint="/tmp/x", restart="compatible")
+    for source in plan["sources"]:
+        source["topic_exists"] = True
+    for table in plan["tables"]:
+        table["topic_exists"] = True
+    monkeypatch.setenv("COLUMNS", "200")
+    capsys.readouterr()
+    show_plan(plan)
+    text = capsys.readouterr().out
+    assert f"table {catalog}: parquet, key ['sku']" in text
+    assert f"output priced from sales joined inner with table {catalog} on ['sku']" in text

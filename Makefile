@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STATE_DIR ?= .kappaflow
+# Test workers for make test: each runs whole test files, with services of its own.
+TEST_WORKERS ?= 2
 # Stamps make setup incremental: the venv is rebuilt when either pyproject.toml changes
 # (the product's or the benchmarks'), the jars when their POMs change (kappaflow setup
 # checks the POM fingerprints itself).
@@ -41,7 +43,7 @@ format: $(VENV_STAMP)
 # benchmark's peer engines (Flink, Quix Streams) have a tier of their own, test-peers:
 # their end-to-end runs take minutes and install the peers on first use.
 test: setup lint
-	$(BIN)/pytest -m "not peers"
+	$(BIN)/pytest -m "not peers" -n $(TEST_WORKERS) --dist loadfile
 
 # The benchmark's peer engines run end to end and are checked, as make bench runs them.
 test-peers: setup

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
@@ -38,9 +38,8 @@ from kappaflow.counting.lifecycle import topics_of
 from kappaflow.counting.rows import CHANGE_KINDS, CLOSED, CORRECTION, DEAD, FINAL, LATE, STATS
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
-from kappaflow.errors import ConsumeError, PartialBatchError, ProduceError
-from kappaflow.kafka.clients import consumer
-from kappaflow.kafka.records import produce_with_retry
+from kappaflow.errors import PartialBatchError, ProduceError
+from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -244,27 +243,11 @@ class BatchWriter:
         return found
 
     def _last_committed_batch(self) -> int:
-        """The highest batch id whose transaction committed (-1 if none)."""
-        reader = consumer(self.settings.kafka)
-        try:
-            tp = TopicPartition(self.topics["commits"], 0, OFFSET_BEGINNING)
-            _, high = reader.get_watermark_offsets(tp, timeout=self.settings.kafka.timeout_s)
-            if high == 0:
-                return -1
-            reader.assign([tp])
-            last = -1
-            while True:
-                message = reader.poll(5.0)
-                if message is None:
-                    return last
-                error = message.error()
-                if error is not None:
-                    if error.code() == error._PARTITION_EOF:
-                        return last
-                    raise ConsumeError(f"reading {self.topics['commits']} failed: {error.str()}")
-                last = max(last, int(json.loads(message.value() or b"{}")["batch_id"]))
-        finally:
-            reader.close()
+        """The highest batch id whose transaction committed (-1 if none): ``NAME.commits``
+        up to its end now, read ``read_committed`` so that an aborted batch does not count."""
+        start = StartAt(beginning=True)
+        markers = read_records(self.settings.kafka, self.topics["commits"], start=start)
+        return max((int(json.loads(m.value() or b"{}")["batch_id"]) for m in markers), default=-1)
 
     def _late_record(self, r: dict[str, Any]) -> dict[str, Any]:
         """A too-late event's record for ``NAME.late``."""

@@ -41,6 +41,7 @@ from kappaflow.counting.store import CountStore
 from kappaflow.errors import PartialBatchError, ProduceError
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.settings import Settings
+from kappaflow.spark.kafka_io import read_range
 from kappaflow.timeutil import from_epoch_ms, iso
 
 #: The points of a batch at which ``BatchWriter`` calls its ``on_step`` function: computed,
@@ -196,21 +197,7 @@ class BatchWriter:
                 min(low, r["src_offset"]),
                 max(high, r["src_offset_end"]),
             )
-        raw = (
-            frame.sparkSession.read.format("kafka")
-            .options(**self.settings.kafka.spark_kafka_options())
-            .option("assign", json.dumps({self.source: sorted(ranges)}))
-            .option(
-                "startingOffsets",
-                json.dumps({self.source: {str(p): low for p, (low, _) in ranges.items()}}),
-            )
-            .option(
-                "endingOffsets",
-                json.dumps({self.source: {str(p): high + 1 for p, (_, high) in ranges.items()}}),
-            )
-            .option("kafka.isolation.level", "read_committed")
-            .load()
-        )
+        raw = read_range(frame.sparkSession, self.settings, self.source, ranges)
         events = (
             parse_events(raw, self.spec)
             .where(F.col("reason").isNull() & F.col("key").isin(sorted({r["key"] for r in rows})))

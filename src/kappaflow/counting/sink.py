@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
@@ -39,6 +39,7 @@ from kappaflow.counting.rows import CHANGE_KINDS, CLOSED, CORRECTION, DEAD, FINA
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import PartialBatchError, ProduceError
+from kappaflow.kafka.clients import transactional_producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_range
@@ -78,20 +79,7 @@ class BatchWriter:
         self.source = spec.source
         self.store = store
         self.topics = topics_of(job)
-        self.producer = Producer(
-            {
-                **settings.kafka.client_config(),
-                "log_level": "0",
-                "transactional.id": f"kappaflow.count.{job}",
-                "linger.ms": 20,
-                # Java's partitioner, so that a window's records from Spark's own Kafka
-                # sink (real-time mode) land in the same partition as these.
-                "partitioner": "murmur2_random",
-                "compression.type": "lz4",
-            }
-        )
-        # Aborts whatever a previous incarnation of this job left open, and fences it.
-        self.producer.init_transactions(60)
+        self.producer = transactional_producer(settings.kafka, f"kappaflow.count.{job}")
         self.last_committed = self._last_committed_batch()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:

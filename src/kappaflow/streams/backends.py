@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis as redis_lib
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from kappaflow.errors import ProduceError
+from kappaflow.kafka.clients import transactional_producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.settings import Settings
 
@@ -67,18 +68,7 @@ class KafkaPublisher:
     def __init__(self, settings: Settings, job: str) -> None:
         self.settings = settings
         self.job = job
-        self.producer = Producer(
-            {
-                **settings.kafka.client_config(),
-                "log_level": "0",
-                "transactional.id": f"kappaflow.job.{job}",
-                "linger.ms": 20,
-                "partitioner": "murmur2_random",
-                "compression.type": "lz4",
-            }
-        )
-        # Aborts whatever a previous incarnation of this job left open, and fences it.
-        self.producer.init_transactions(60)
+        self.producer = transactional_producer(settings.kafka, f"kappaflow.job.{job}")
         self._committed = self._read_markers()
 
     def committed(self, output: str) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import json
 import os
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,13 @@ import redis
 from confluent_kafka import Producer
 from conftest import REPO, RunCli, error_line
 from faults import CRASH_AT, CRASH_RECORD
+from live_jobs import send_json, stop_if_running, topic_values, wait_job
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
 from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.jobs.pipeline import JobContext
-from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
@@ -41,22 +41,6 @@ def order(oid: str, buyer: str, country: str, amount: float, at: str) -> dict[st
     return {"order_id": oid, "buyer": buyer, "country": country, "amount": amount, "at": at}
 
 
-def send(settings: Settings, topic: str, values: Sequence[dict[str, Any] | bytes]) -> None:
-    producer = Producer(settings.kafka.client_config())
-    for value in values:
-        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-        key = None if isinstance(value, bytes) else str(value["buyer"]).encode()
-        producer.produce(topic, key=key, value=raw)
-    assert producer.flush(30) == 0
-
-
-def committed_values(settings: Settings, topic: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(m.value() or b"{}")
-        for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
-    ]
-
-
 def status(cli: RunCli, job: str) -> dict[str, Any]:
     result = cli("jobs", "status", job, "--json")
     assert result.code == 0, result.err
@@ -65,24 +49,18 @@ def status(cli: RunCli, job: str) -> dict[str, Any]:
 
 
 def wait_totals(cli: RunCli, settings: Settings, job: str, **wanted: int) -> dict[str, Any]:
-    jobs = JobManager(settings)
-
     def reached() -> dict[str, Any] | None:
-        if jobs.get_state(job) == "failed":
-            raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
         revenue = status(cli, job)["outputs"].get("revenue", {})
         return revenue if all(revenue.get(k, -1) >= v for k, v in wanted.items()) else None
 
-    return wait_for(reached, timeout=180, interval=0.5, what=f"{job} to reach {wanted}")
+    return wait_job(settings, job, reached, what=f"{job} to reach {wanted}")
 
 
 @pytest.fixture
 def job_name(serving: Settings) -> Iterator[str]:
     name = f"revenue-{uuid.uuid4().hex[:8]}"
     yield name
-    jobs = JobManager(serving)
-    if jobs.get_state(name) == "running":
-        jobs.stop(name)
+    stop_if_running(serving, name)
 
 
 def start(cli: RunCli, job: str, topic: str, crash: str | None, record: Path) -> None:
@@ -106,7 +84,7 @@ def test_a_job_with_three_sinks_through_crashes(
         order("o2", "bob", "DE", 30.0, "2026-11-23T10:00:20Z"),
         order("o3", "cy", "FR", 7.5, "2026-11-23T10:00:40Z"),
     ]
-    send(serving, topic, [*first, b"{not json"])
+    send_json(serving, topic, [*first, b"{not json"], key="buyer")
     record = tmp_path / "crash.json"
     jobs = JobManager(serving)
     start(cli, job_name, topic, "in-transaction:1", record)
@@ -114,7 +92,7 @@ def test_a_job_with_three_sinks_through_crashes(
     # A batch and its re-run crash one step after another: with the serving store and
     # the lake written and the records sent in an open transaction, then with the
     # transaction committed; the last start has no fault, and runs the batch once more.
-    send(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")])
+    send_json(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")], key="buyer")
     steps = ["in-transaction", "after-kafka", None]
     for step, following in itertools.pairwise(steps):
         wait_for(
@@ -131,9 +109,10 @@ def test_a_job_with_three_sinks_through_crashes(
         order("o9", "eve", "DE", 20.0, "2026-11-23T10:00:50Z"),  # a correction
         order("o7", "bob", "FR", 1.0, "2026-11-23T10:07:00Z"),
     ]
-    send(serving, topic, later)
+    send_json(serving, topic, later, key="buyer")
     wait_totals(cli, serving, job_name, events=7)
-    send(serving, topic, [order("o8", "fay", "DE", 99.0, "2026-11-23T10:00:59Z")])  # too late
+    too_late = order("o8", "fay", "DE", 99.0, "2026-11-23T10:00:59Z")
+    send_json(serving, topic, [too_late], key="buyer")
     totals = wait_totals(cli, serving, job_name, events=7, late=1)
 
     # Accounting: every record read is passed, dropped as a duplicate, late or dead.
@@ -160,7 +139,7 @@ def test_a_job_with_three_sinks_through_crashes(
     assert held[("DE", minute)]["values"]["buyers"] == 3
 
     # The changelog: no change published twice or lost, each after the one before.
-    changes = committed_values(serving, f"{job_name}.revenue")
+    changes = topic_values(serving, f"{job_name}.revenue")
     identities = [(c["country"], c["window_start"], c["version"]) for c in changes]
     assert len(identities) == len(set(identities)), "a change was published twice"
     history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -181,9 +160,9 @@ def test_a_job_with_three_sinks_through_crashes(
         (c["country"], c["version"], c["kind"], c["values"]["total"]) for c in changes
     )
 
-    [late] = committed_values(serving, f"{job_name}.late")
+    [late] = topic_values(serving, f"{job_name}.late")
     assert json.loads(late["event"])["order_id"] == "o8"
-    [dead] = committed_values(serving, f"{job_name}.dlq")
+    [dead] = topic_values(serving, f"{job_name}.dlq")
     assert dead["error"] == "not valid JSON"
 
     # A restart that changes what the output's state holds is refused, with what changed.
@@ -275,7 +254,7 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
 
     def wait_records(topic: str, n: int) -> list[dict[str, Any]]:
         def found() -> list[dict[str, Any]] | None:
-            values = committed_values(kafka, topic)
+            values = topic_values(kafka, topic)
             return values if len(values) >= n else None
 
         return wait_for(

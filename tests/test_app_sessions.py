@@ -10,13 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from confluent_kafka import Producer
 from conftest import RunCli
+from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
-from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.waiting import wait_for
-from test_app_jobs import PATH, committed_values, status
+from test_app_jobs import PATH, status
 
 
 def view(view_id: str, visitor: str, hh_mm: str) -> dict[str, Any]:
@@ -29,21 +27,15 @@ def test_a_bridging_view_merges_two_visits_in_redis_and_the_changelog(
 ) -> None:
     topic = new_topic(partitions=2)
     job = f"web-{uuid.uuid4().hex[:8]}"
-    jobs = JobManager(serving)
-    producer = Producer(serving.kafka.client_config())
 
     def send_and_wait(views: list[dict[str, Any]], events: int) -> None:
-        for value in views:
-            producer.produce(topic, key=value["visitor"].encode(), value=json.dumps(value))
-        assert producer.flush(30) == 0
+        send_json(serving, topic, views, key="visitor")
 
         def reached() -> bool | None:
-            if jobs.get_state(job) == "failed":
-                raise AssertionError("\n".join(jobs.log_lines(job, 30)))
             visits = status(cli, job)["outputs"].get("visits", {})
             return True if visits.get("events", 0) >= events else None
 
-        wait_for(reached, timeout=180, interval=0.5, what=f"{job} to count {events} views")
+        wait_job(serving, job, reached, what=f"{job} to count {events} views")
 
     result = cli(
         "jobs", "start", job, "--app", "web_sessions:build", "-P", f"topic={topic}",
@@ -56,7 +48,7 @@ def test_a_bridging_view_merges_two_visits_in_redis_and_the_changelog(
         send_and_wait([view("v3", "ada", "10:50")], 3)
         send_and_wait([view("v4", "ada", "10:25")], 4)  # within 30 minutes of both
     finally:
-        jobs.stop(job)
+        stop_if_running(serving, job)
 
     store = redis.Redis.from_url(serving.redis.effective_url)
     held = store.hgetall(f'kf:{job}:visits:w:["ada"]')
@@ -65,7 +57,7 @@ def test_a_bridging_view_merges_two_visits_in_redis_and_the_changelog(
     assert json.loads(held[str(ten).encode()])["values"]["views"] == 3
     assert json.loads(held[str(ten).encode()])["end"] == ten + 80 * 60_000  # 10:50 + 30 min
 
-    ada = [c for c in committed_values(serving, f"{job}.visits") if c["visitor"] == "ada"]
+    ada = [c for c in topic_values(serving, f"{job}.visits") if c["visitor"] == "ada"]
     assert [(c["window_start"][11:16], c["kind"], c["values"]) for c in ada] == [
         ("10:00", "provisional", {"views": 1, "pages": 1, "seconds": 1}),
         ("10:50", "provisional", {"views": 1, "pages": 1, "seconds": 1}),

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 from conftest import RunCli, error_line, make_settings, run_kappaflow
+from live_jobs import topic_values
 
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore, WindowCount
@@ -22,7 +23,6 @@ from test_counting import (
     send,
     start,
     stats,
-    topic_values,
     wait_stats,
 )
 

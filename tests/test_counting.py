@@ -21,6 +21,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
 from conftest import Result, RunCli, error_line, run_kappaflow
 from faults import CRASH_AT, CRASH_RECORD
+from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
 from kappaflow.counting.sink import STEPS
 from kappaflow.counting.spec import QUERY, CountSpec
@@ -64,12 +65,8 @@ def events(n: int = 30, start: int = 0) -> list[dict[str, Any]]:
 
 
 def send(settings: Settings, topic: str, values: Sequence[dict[str, Any] | bytes]) -> None:
-    producer = Producer(settings.kafka.client_config())
-    for value in values:
-        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-        key = None if isinstance(value, bytes) else str(value["page"]).encode()
-        producer.produce(topic, key=key, value=raw)
-    assert producer.flush(30) == 0
+    """Page views keyed by their page, and raw records."""
+    send_json(settings, topic, values, key="page")
 
 
 def expected(values: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
@@ -95,17 +92,7 @@ def stats(settings: Settings, job: str) -> CountStats:
 
 def changelog(settings: Settings, job: str) -> list[dict[str, Any]]:
     """The changelog as a read_committed consumer sees it."""
-    return [
-        json.loads(m.value() or b"{}")
-        for m in read_records(settings.kafka, f"{job}.counts", start=StartAt(beginning=True))
-    ]
-
-
-def topic_values(settings: Settings, topic: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(m.value() or b"{}")
-        for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
-    ]
+    return topic_values(settings, f"{job}.counts")
 
 
 def uncommitted_values(settings: Settings, topic: str) -> list[bytes]:
@@ -139,24 +126,18 @@ def start(
 
 
 def wait_stats(settings: Settings, job: str, **wanted: int) -> CountStats:
-    jobs = JobManager(settings)
-
     def reached() -> CountStats | None:
-        if jobs.get_state(job) == "failed":
-            raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
         current = stats(settings, job)
         return current if all(getattr(current, k) >= v for k, v in wanted.items()) else None
 
-    return wait_for(reached, timeout=180, interval=0.5, what=f"{job} to reach {wanted}")
+    return wait_job(settings, job, reached, what=f"{job} to reach {wanted}")
 
 
 @pytest.fixture
 def job_name(serving: Settings) -> Iterator[str]:
     name = f"count-{uuid.uuid4().hex[:8]}"
     yield name
-    jobs = JobManager(serving)
-    if jobs.get_state(name) == "running":
-        jobs.stop(name)
+    stop_if_running(serving, name)
 
 
 def test_event_time_corrections_late_events_and_dead_letters(

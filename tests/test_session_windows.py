@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 from conftest import RunCli
+from live_jobs import topic_values
 
 from kappaflow.counting.store import CountStore, WindowCount
 from kappaflow.settings import Settings
@@ -25,7 +26,6 @@ from test_counting import (
     job_name,  # noqa: F401 (a fixture, the job's name: see its use)
     send,
     stats,
-    topic_values,
     wait_stats,
 )
 

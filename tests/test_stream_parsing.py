@@ -8,11 +8,11 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from order_records import Order
 from pydantic import BaseModel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import LongType, StringType
@@ -24,39 +24,6 @@ from kappaflow.streams.schema import EventTime, RecordSchema, compile_schema
 
 RAW = "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
 KAFKA_TS = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-@dataclass
-class Address:
-    zip: str
-    city: str | None = None
-
-
-@dataclass
-class Customer:
-    id: int
-    address: Address
-    vip: bool | None = None
-
-
-@dataclass
-class Item:
-    sku: str
-    qty: int
-    price: float
-    tags: list[str] | None = None
-
-
-@dataclass
-class Order:
-    id: str
-    at: EventTime
-    customer: Customer
-    items: list[Item]
-    total: float
-    paid: bool
-    created: datetime | None = None
-    region: str | None = None  # optional in the schema, but the key: required
 
 
 GOOD: dict[str, Any] = {

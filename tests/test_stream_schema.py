@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 import pytest
+from order_records import Address, Order
 from pydantic import BaseModel
 from pyspark.sql.types import (
     ArrayType,
@@ -22,39 +23,6 @@ from pyspark.sql.types import (
 
 from kappaflow.errors import StreamError
 from kappaflow.streams.schema import EventTime, compile_schema
-
-
-@dataclass
-class Address:
-    zip: str
-    city: str | None = None
-
-
-@dataclass
-class Customer:
-    id: int
-    address: Address
-    vip: Optional[bool]  # noqa: UP045 (the spelling users may write)
-
-
-@dataclass
-class Item:
-    sku: str
-    qty: int
-    price: float
-    tags: list[str] | None = None
-
-
-@dataclass
-class Order:
-    id: str
-    at: EventTime
-    customer: Customer
-    items: list[Item]
-    total: float
-    paid: bool
-    created: datetime | None = None
-    note: str | None = None
 
 
 class PAddress(BaseModel):
@@ -84,6 +52,7 @@ class POrder(BaseModel):
     paid: bool
     created: datetime | None = None
     note: str | None = None
+    region: str | None = None
 
 
 def s(*fields: tuple[str, Any]) -> StructType:
@@ -116,6 +85,7 @@ ORDER_STRUCT = s(
     ("paid", BooleanType()),
     ("created", TimestampType()),
     ("note", StringType()),
+    ("region", StringType()),
 )
 
 
@@ -128,7 +98,7 @@ def test_a_nested_model_compiles_to_its_struct_with_required_and_optional_fields
     assert schema.struct == ORDER_STRUCT
     assert schema.event_time == "at"
     optional = {f.name for f in schema.fields if f.optional}
-    assert optional == {"created", "note"}
+    assert optional == {"created", "note", "region"}
     assert schema.field("customer.vip").optional
     assert not schema.field("customer.address.zip").optional
     assert schema.field("customer.address.city").optional

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
@@ -38,10 +38,11 @@ from kappaflow.counting.lifecycle import topics_of
 from kappaflow.counting.rows import CHANGE_KINDS, CLOSED, CORRECTION, DEAD, FINAL, LATE, STATS
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
-from kappaflow.errors import ConsumeError, PartialBatchError, ProduceError
-from kappaflow.kafka.clients import consumer
-from kappaflow.kafka.records import produce_with_retry
+from kappaflow.errors import PartialBatchError, ProduceError
+from kappaflow.kafka.clients import transactional_producer
+from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.settings import Settings
+from kappaflow.spark.kafka_io import read_range
 from kappaflow.timeutil import from_epoch_ms, iso
 
 #: The points of a batch at which ``BatchWriter`` calls its ``on_step`` function: computed,
@@ -78,20 +79,7 @@ class BatchWriter:
         self.source = spec.source
         self.store = store
         self.topics = topics_of(job)
-        self.producer = Producer(
-            {
-                **settings.kafka.client_config(),
-                "log_level": "0",
-                "transactional.id": f"kappaflow.count.{job}",
-                "linger.ms": 20,
-                # Java's partitioner, so that a window's records from Spark's own Kafka
-                # sink (real-time mode) land in the same partition as these.
-                "partitioner": "murmur2_random",
-                "compression.type": "lz4",
-            }
-        )
-        # Aborts whatever a previous incarnation of this job left open, and fences it.
-        self.producer.init_transactions(60)
+        self.producer = transactional_producer(settings.kafka, f"kappaflow.count.{job}")
         self.last_committed = self._last_committed_batch()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -197,21 +185,7 @@ class BatchWriter:
                 min(low, r["src_offset"]),
                 max(high, r["src_offset_end"]),
             )
-        raw = (
-            frame.sparkSession.read.format("kafka")
-            .options(**self.settings.kafka.spark_kafka_options())
-            .option("assign", json.dumps({self.source: sorted(ranges)}))
-            .option(
-                "startingOffsets",
-                json.dumps({self.source: {str(p): low for p, (low, _) in ranges.items()}}),
-            )
-            .option(
-                "endingOffsets",
-                json.dumps({self.source: {str(p): high + 1 for p, (_, high) in ranges.items()}}),
-            )
-            .option("kafka.isolation.level", "read_committed")
-            .load()
-        )
+        raw = read_range(frame.sparkSession, self.settings, self.source, ranges)
         events = (
             parse_events(raw, self.spec)
             .where(F.col("reason").isNull() & F.col("key").isin(sorted({r["key"] for r in rows})))
@@ -244,27 +218,11 @@ class BatchWriter:
         return found
 
     def _last_committed_batch(self) -> int:
-        """The highest batch id whose transaction committed (-1 if none)."""
-        reader = consumer(self.settings.kafka)
-        try:
-            tp = TopicPartition(self.topics["commits"], 0, OFFSET_BEGINNING)
-            _, high = reader.get_watermark_offsets(tp, timeout=self.settings.kafka.timeout_s)
-            if high == 0:
-                return -1
-            reader.assign([tp])
-            last = -1
-            while True:
-                message = reader.poll(5.0)
-                if message is None:
-                    return last
-                error = message.error()
-                if error is not None:
-                    if error.code() == error._PARTITION_EOF:
-                        return last
-                    raise ConsumeError(f"reading {self.topics['commits']} failed: {error.str()}")
-                last = max(last, int(json.loads(message.value() or b"{}")["batch_id"]))
-        finally:
-            reader.close()
+        """The highest batch id whose transaction committed (-1 if none): ``NAME.commits``
+        up to its end now, read ``read_committed`` so that an aborted batch does not count."""
+        start = StartAt(beginning=True)
+        markers = read_records(self.settings.kafka, self.topics["commits"], start=start)
+        return max((int(json.loads(m.value() or b"{}")["batch_id"]) for m in markers), default=-1)
 
     def _late_record(self, r: dict[str, Any]) -> dict[str, Any]:
         """A too-late event's record for ``NAME.late``."""

@@ -2,8 +2,9 @@
 
 A job lives in ``<state_dir>/jobs/<name>/``: ``job.json`` (its definition and state,
 written by the CLI and then by the job's driver), ``driver.log`` and ``progress.json``.
-Its Spark checkpoint lives in ``<state_dir>/checkpoints/<name>/``, so starting a job of
-the same name again resumes where it stopped.
+Its Spark checkpoint lives in ``<state_dir>/checkpoints/<name>/`` (a job on the job API:
+under the ``checkpoint_dir`` setting when that is set), so starting a job of the same name
+again resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kappaflow.errors import (
     InvalidJobNameError,
@@ -99,6 +101,18 @@ def write_atomically(path: Path, text: str) -> None:
     scratch = path.with_suffix(".tmp")
     scratch.write_text(text)
     scratch.replace(path)
+
+
+def _local_path(location: str) -> Path | None:
+    """The path a checkpoint location names on this machine (a path, or a ``file:`` URI
+    as Hadoop reads it: the path as written, not percent-decoded); None on another file
+    system."""
+    parts = urlsplit(location)
+    if not parts.scheme:
+        return Path(location)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        return Path(parts.path)
+    return None
 
 
 def validate_name(name: str) -> str:
@@ -235,14 +249,23 @@ class JobManager:
         if self._process(name).status().state is ProcState.RUNNING:
             raise JobRunningError(f"job {name!r} is running: stop it first (`kappaflow jobs stop`)")
 
-    def remove(self, name: str) -> JobRecord:
+    def remove(self, name: str) -> list[str]:
         """Forget a job that is not running: its record, logs and checkpoint. Started
-        again under the same name, it begins from nothing instead of resuming."""
-        record = self.get(name)
+        again under the same name, it begins from nothing instead of resuming.
+
+        The checkpoint goes from ``<state_dir>/checkpoints`` (kappaflow's own pipelines)
+        and from ``checkpoint_dir`` (jobs on the job API) when that is a local path or a
+        ``file:`` URI. Returns the checkpoints left where this machine cannot delete:
+        under a URI of another file system (``hdfs://``, ``s3a://``)."""
+        self.get(name)
         self.check_stopped(name)
         shutil.rmtree(self.settings.checkpoint_root / name, ignore_errors=True)
+        location = f"{self.settings.checkpoint_location.rstrip('/')}/{name}"
+        local = _local_path(location)
+        if local is not None:
+            shutil.rmtree(local, ignore_errors=True)
         shutil.rmtree(self.job_dir(name))
-        return record
+        return [location] if local is None else []
 
     def progress(self, name: str) -> dict[str, Any]:
         """The last progress of each of the job's queries, its parts' included."""

@@ -30,6 +30,25 @@ def producer(kafka: KafkaSettings, **extra: Any) -> Producer:
     return Producer(config)
 
 
+def transactional_producer(kafka: KafkaSettings, transactional_id: str) -> Producer:
+    """A producer of transactions under ``transactional_id``: what a previous producer of
+    that id left open is aborted, and that producer fenced off, before it returns."""
+    client = Producer(
+        {
+            **kafka.client_config(),
+            **_QUIET,
+            "transactional.id": transactional_id,
+            "linger.ms": 20,
+            # Java's partitioner, so that a key's records from Spark's own Kafka sink
+            # (real-time mode) land in the same partition as these.
+            "partitioner": "murmur2_random",
+            "compression.type": "lz4",
+        }
+    )
+    client.init_transactions(60)
+    return client
+
+
 def consumer(kafka: KafkaSettings, **extra: Any) -> Consumer:
     config: dict[str, Any] = {
         **kafka.client_config(),

@@ -6,6 +6,9 @@ settings, timeouts and the offsets policy are set in one place.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter
 
@@ -45,6 +48,25 @@ def read_batch(spark: SparkSession, settings: Settings, topic: str) -> DataFrame
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+    )
+
+
+def read_range(
+    spark: SparkSession, settings: Settings, topic: str, ranges: Mapping[int, tuple[int, int]]
+) -> DataFrame:
+    """The records of ``topic`` between the offsets ``ranges`` gives per partition (first
+    and last, both included), as a bounded DataFrame of committed records."""
+    starts = {str(p): first for p, (first, _) in ranges.items()}
+    # endingOffsets is exclusive.
+    ends = {str(p): last + 1 for p, (_, last) in ranges.items()}
+    return (
+        spark.read.format("kafka")
+        .options(**settings.kafka.spark_kafka_options())
+        .option("assign", json.dumps({topic: sorted(ranges)}))
+        .option("startingOffsets", json.dumps({topic: starts}))
+        .option("endingOffsets", json.dumps({topic: ends}))
         .option("kafka.isolation.level", "read_committed")
         .load()
     )

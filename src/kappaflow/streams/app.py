@@ -11,7 +11,7 @@ from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.kafka_io import read_batch, read_stream
+from kappaflow.spark.kafka_io import read_batch, read_range, read_stream
 from kappaflow.streams.backends import KafkaPublisher, RedisStore, commits_topic
 from kappaflow.streams.check import record_plan, verify_restart
 from kappaflow.streams.job import Job
@@ -46,23 +46,7 @@ class KafkaReader:
     def read_range(
         self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
     ) -> DataFrame:
-        import json
-
-        return (
-            spark.read.format("kafka")
-            .options(**self.settings.kafka.spark_kafka_options())
-            .option("assign", json.dumps({topic: sorted(ranges)}))
-            .option(
-                "startingOffsets",
-                json.dumps({topic: {str(p): low for p, (low, _) in ranges.items()}}),
-            )
-            .option(
-                "endingOffsets",
-                json.dumps({topic: {str(p): high + 1 for p, (_, high) in ranges.items()}}),
-            )
-            .option("kafka.isolation.level", "read_committed")
-            .load()
-        )
+        return read_range(spark, self.settings, topic, ranges)
 
 
 def start_app(

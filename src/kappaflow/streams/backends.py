@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis as redis_lib
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException
 
-from kappaflow.errors import ConsumeError, ProduceError
-from kappaflow.kafka.clients import consumer
-from kappaflow.kafka.records import produce_with_retry
+from kappaflow.errors import ProduceError
+from kappaflow.kafka.clients import transactional_producer
+from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.settings import Settings
 
 #: A record to publish: topic, key, value.
@@ -68,18 +68,7 @@ class KafkaPublisher:
     def __init__(self, settings: Settings, job: str) -> None:
         self.settings = settings
         self.job = job
-        self.producer = Producer(
-            {
-                **settings.kafka.client_config(),
-                "log_level": "0",
-                "transactional.id": f"kappaflow.job.{job}",
-                "linger.ms": 20,
-                "partitioner": "murmur2_random",
-                "compression.type": "lz4",
-            }
-        )
-        # Aborts whatever a previous incarnation of this job left open, and fences it.
-        self.producer.init_transactions(60)
+        self.producer = transactional_producer(settings.kafka, f"kappaflow.job.{job}")
         self._committed = self._read_markers()
 
     def committed(self, output: str) -> dict[str, Any] | None:
@@ -111,31 +100,16 @@ class KafkaPublisher:
         self._committed[output] = marker
 
     def _read_markers(self) -> dict[str, dict[str, Any]]:
-        """The last committed batch of every output, from ``JOB.commits``."""
-        topic = commits_topic(self.job)
-        reader = consumer(self.settings.kafka)
+        """The last committed batch of every output, from ``JOB.commits``: the log up to
+        its end now, read ``read_committed`` so that an aborted batch's marker is not one."""
         found: dict[str, dict[str, Any]] = {}
-        try:
-            tp = TopicPartition(topic, 0, OFFSET_BEGINNING)
-            _, high = reader.get_watermark_offsets(tp, timeout=self.settings.kafka.timeout_s)
-            if high == 0:
-                return found
-            reader.assign([tp])
-            while True:
-                message = reader.poll(5.0)
-                if message is None:
-                    return found
-                error = message.error()
-                if error is not None:
-                    if error.code() == error._PARTITION_EOF:
-                        return found
-                    raise ConsumeError(f"reading {topic} failed: {error.str()}")
-                marker = json.loads(message.value() or b"{}")
-                name = str(marker["output"])
-                if marker["batch_id"] > found.get(name, {}).get("batch_id", -1):
-                    found[name] = marker
-        finally:
-            reader.close()
+        start = StartAt(beginning=True)
+        for message in read_records(self.settings.kafka, commits_topic(self.job), start=start):
+            marker = json.loads(message.value() or b"{}")
+            name = str(marker["output"])
+            if marker["batch_id"] > found.get(name, {}).get("batch_id", -1):
+                found[name] = marker
+        return found
 
 
 @dataclass

@@ -56,11 +56,14 @@ check: $(VENV_STAMP)
 
 # Long runs with printed figures and result files under bench-results/; never part of test.
 # kappaflow-bench is the benchmarks' own distribution (benchmarks/), not the product.
-# After the counting benchmark, a YSB sweep of every engine (three rates, 30 s runs after
-# a 60 s warm-up, as the JIT needs; about 40 minutes, the first Flink and Quix runs
-# install them).
+# After the counting benchmark, the same workload as a job on the job API beside the
+# built-in count job (two interleaved rounds; about 15 minutes on two cores), then a YSB
+# sweep of every engine (three rates, 30 s runs after a 60 s warm-up, as the JIT needs;
+# about 40 minutes, the first Flink and Quix runs install them).
 bench: setup
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) count --events 1000000 --out bench-results/count
+	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) api --events 1000000 --repeat 2 \
+		--out bench-results/api
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) ysb-sweep --rates 20000,50000,100000 \
 		--duration 30 --warmup 60 --out bench-results/ysb-sweep
 

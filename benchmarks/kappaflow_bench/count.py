@@ -20,6 +20,7 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,17 +74,27 @@ WARM_SECONDS = 60.0
 MEASUREMENTS = ("ceiling", "throughput", "sustained", "latency", "realtime")
 
 
-def event(rng: random.Random, n: int, keys: int, ts: int) -> bytes:
-    return json.dumps(
-        {"id": f"e{n}", "key": f"k{rng.randrange(keys)}", "ts": ts, "pad": PAD}
-    ).encode()
+def event(rng: random.Random, n: int, keys: int, ts: int, *, amount: bool = False) -> bytes:
+    """Event ``n``: an id, a key drawn from ``rng``, event time ``ts`` (epoch ms) and
+    padding; with ``amount``, also a number (0 to 249.75, from ``n``, so that the keys
+    drawn stay those of an event without it)."""
+    fields: dict[str, object] = {"id": f"e{n}", "key": f"k{rng.randrange(keys)}", "ts": ts}
+    if amount:
+        fields["amount"] = n % 1000 / 4
+    return json.dumps({**fields, "pad": PAD}).encode()
 
 
 def produce_backlog(
-    settings: Settings, topic: str, events: int, keys: int, hours_ago: float = 1.0
+    settings: Settings,
+    topic: str,
+    events: int,
+    keys: int,
+    hours_ago: float = 1.0,
+    *,
+    amount: bool = False,
 ) -> float:
     """Send ``events`` as fast as possible; event time starts ``hours_ago`` and advances
-    1 minute per 100k events."""
+    1 minute per 100k events. ``amount``: events with a number (see ``event``)."""
     rng = random.Random(1)
     out = producer(
         settings.kafka, **{"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"}
@@ -91,7 +102,7 @@ def produce_backlog(
     origin = int(time.time() * 1000) - int(hours_ago * 3_600_000)
     started = time.perf_counter()
     for n in range(events):
-        value = event(rng, n, keys, origin + n * 60_000 // 100_000)
+        value = event(rng, n, keys, origin + n * 60_000 // 100_000, amount=amount)
         produce_with_retry(out, topic, value, poll_s=0.05)
     out.flush(120)
     return events / (time.perf_counter() - started)
@@ -155,8 +166,14 @@ def processed(store: CountStore) -> int:
 
 
 def measure_throughput(
-    settings: Settings, topic: str, events: int, overrides: SettingsOverrides
+    settings: Settings,
+    topic: str,
+    events: int,
+    overrides: SettingsOverrides,
+    on_done: Callable[[str], None] | None = None,
 ) -> tuple[float, float]:
+    """Events/s of a new ``--available-now`` count job over the backlog in ``topic``.
+    ``on_done`` gets the job's name before the job and what it wrote are removed."""
     name = f"bench-count-{uuid.uuid4().hex[:6]}"
     store = CountStore(redis_client(settings), name)
     jobs, started = run_count_job(settings, name, topic, True, overrides)
@@ -167,6 +184,8 @@ def measure_throughput(
         what="the backlog to be counted",
     )
     elapsed = time.perf_counter() - started
+    if on_done is not None:
+        on_done(name)
     if jobs.get_state(name) == "running":
         jobs.stop(name)
     clean_up(settings, [], [name])

@@ -7,7 +7,7 @@ import pytest
 from kappaflow.cli import main as kappaflow_main
 from kappaflow_bench.cli import main
 
-COMMANDS = ("count", "count-scale", "ysb", "ysb-sweep", "ysb-generator")
+COMMANDS = ("count", "count-scale", "api", "ysb", "ysb-sweep", "ysb-generator")
 
 
 def test_kappaflow_bench_has_the_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,3 +27,10 @@ def test_misuse_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kappaflow-bench: error[KF001]: "), err
     assert "warp" in err[0] and "--measure" in err[0]
+
+
+def test_api_misuse_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["api", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kappaflow-bench: error[KF001]: "), err
+    assert "'--repeat': 0 is not in the range" in err[0], err

@@ -34,6 +34,8 @@ from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.timeutil import from_epoch_ms
 
 SOURCE, JOB = "demo.pageviews", "demo-views"
+#: How long the demo waits, after it stops sending, for the job to catch up.
+DRAIN_SECONDS = 90.0
 PAGES = ["/", "/search", "/cart", "/checkout", *(f"/products/{n}" for n in range(12))]
 SPEC = CountSpec(
     source=SOURCE,
@@ -144,7 +146,19 @@ def _stream(
                 live.update(_view(store, jobs, clicks, sent_at, done_at, elapsed))
                 next_view = elapsed + 0.5
             time.sleep(0.02)
-    out.flush(10)
+        out.flush(10)
+        # Then let the job catch up, so the last view shows every event sent and the
+        # windows its watermark closed; a slow machine's job may be seconds behind.
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while time.monotonic() < deadline and not _caught_up(store, clicks.sent):
+            live.update(_view(store, jobs, clicks, sent_at, done_at, time.monotonic() - started))
+            time.sleep(0.5)
+        live.update(_view(store, jobs, clicks, sent_at, done_at, time.monotonic() - started))
+
+
+def _caught_up(store: CountStore, sent: int) -> bool:
+    """Whether the job has accounted for every event sent and made a window final."""
+    return store.stats().accounted >= sent and any(w.final for w in store.windows())
 
 
 def _view(

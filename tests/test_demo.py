@@ -9,7 +9,8 @@ import pytest
 from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow import services
-from kappaflow.counting.store import CountStore
+from kappaflow.counting.store import CountStore, WindowCount
+from kappaflow.demo import live_columns
 from kappaflow.jobs.manager import JobManager
 from kappaflow.serving.client import redis_client
 from kappaflow.serving.redis_server import EmbeddedRedis
@@ -64,3 +65,18 @@ def test_demo_counts_page_views_and_stops_what_it_started(own: Settings) -> None
     # Measured from the source offsets the job consumed, against what it accounted for.
     assert status["events_read"] > 0
     assert status["events_read"] == status["accounted"]
+
+
+def _windows(*spec: tuple[int, bool]) -> list[WindowCount]:
+    return [WindowCount("/", s, s + 1, 1, 1, final) for s, final in spec]
+
+
+def test_the_live_table_shows_the_newest_final_window() -> None:
+    # The job caught up, but its watermark has closed only the third-newest window.
+    closed = _windows((1, True), (2, True), (3, False), (4, False), (5, False))
+    assert live_columns(closed) == [2, 3, 4]
+    # Closed far enough: the newest three.
+    assert live_columns(_windows((1, True), (2, True), (3, True), (4, False))) == [2, 3, 4]
+    # Nothing final yet: the newest three.
+    assert live_columns(_windows((1, False), (2, False), (3, False), (4, False))) == [2, 3, 4]
+    assert live_columns(_windows((1, True))) == [1]

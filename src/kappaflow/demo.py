@@ -25,7 +25,7 @@ from rich.table import Table
 from kappaflow import services
 from kappaflow.counting import lifecycle
 from kappaflow.counting.spec import CountSpec
-from kappaflow.counting.store import CountStore
+from kappaflow.counting.store import CountStore, WindowCount
 from kappaflow.jobs.manager import ACTIVE_STATES, JobManager
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic, list_topics
@@ -161,6 +161,18 @@ def _caught_up(store: CountStore, sent: int) -> bool:
     return store.stats().accounted >= sent and any(w.final for w in store.windows())
 
 
+def live_columns(windows: list[WindowCount]) -> list[int]:
+    """Three window starts: the newest final window and the two after it, if any.
+
+    The newest windows are still open when the job catches up, so the table would show
+    no final count if it showed only them.
+    """
+    starts = sorted({w.window_start for w in windows})
+    finals = [w.window_start for w in windows if w.final]
+    first = starts.index(max(finals)) if finals else len(starts)
+    return starts[max(0, min(first, len(starts) - 3)) :][:3]
+
+
 def _view(
     store: CountStore,
     jobs: JobManager,
@@ -202,7 +214,7 @@ def _view(
         latency,
     )
     windows = list(store.windows())
-    starts = sorted({w.window_start for w in windows})[-3:]
+    starts = live_columns(windows)
     grid = Table(title="views per page per minute (event time; ✓ final)", title_justify="left")
     grid.add_column("page")
     for start in starts:

@@ -340,7 +340,7 @@ def test_a_streaming_query_emits_provisional_final_correction_and_late(
     assert out.schema.simpleString() == (
         "struct<kind:string,key:string,window_start:bigint,window_end:bigint,values:string,"
         "previous:string,version:bigint,watermark:bigint,events:bigint,duplicates:bigint,"
-        "reason:string,src_partition:int,src_offset:bigint,src_offset_end:bigint,"
+        "reason:string,value:binary,src_partition:int,src_offset:bigint,src_offset_end:bigint,"
         "offsets:array<bigint>>"
     )
     batches: list[list[dict[str, Any]]] = []

@@ -35,6 +35,7 @@ _SQL = {
     pa.int64(): "BIGINT",
     pa.float64(): "DOUBLE",
     pa.binary(): "BINARY",
+    pa.string(): "STRING",
     pa.list_(pa.int64()): "ARRAY<BIGINT>",
 }
 
@@ -72,6 +73,9 @@ def folded_schema(aggregates: Sequence[Aggregate]) -> pa.Schema:
             ("first_offset", pa.int64()),
             ("last_offset", pa.int64()),
             ("offsets", pa.list_(pa.int64())),
+            # A record that did not parse: why, and its bytes (null for events).
+            ("reason", pa.string()),
+            ("value", pa.binary()),
             *partial_fields(aggregates),
         ]
     )
@@ -79,7 +83,7 @@ def folded_schema(aggregates: Sequence[Aggregate]) -> pa.Schema:
 
 def ddl(schema: pa.Schema) -> str:
     """``schema`` in Spark's DDL."""
-    sql = {**_SQL, pa.string(): "STRING", pa.int32(): "INT", pa.bool_(): "BOOLEAN"}
+    sql = {**_SQL, pa.int32(): "INT", pa.bool_(): "BOOLEAN"}
     return ", ".join(f"{field.name} {sql[field.type]}" for field in schema)
 
 
@@ -141,7 +145,8 @@ def _source(i: int, agg: Aggregate, part: Partial, raw: bool) -> str:
 
 class Folder:
     """The ``mapInArrow`` function. Input columns: ``GROUP`` but ``key`` already the JSON
-    text of the key, ``src_offset``, and ``input_name(i)`` per aggregate with a column."""
+    text of the key, ``src_offset``, ``input_name(i)`` per aggregate with a column, and
+    optionally ``reason`` and ``value`` (a record that did not parse, passed on whole)."""
 
     def __init__(self, aggregates: Sequence[Aggregate]) -> None:
         self.aggregates = list(aggregates)
@@ -160,6 +165,35 @@ class Folder:
             yield from self.fold(pa.Table.from_batches(pending)).to_batches()
 
     def fold(self, table: pa.Table) -> pa.Table:
+        """Events folded per group; records that did not parse (``reason``) one row each."""
+        if "reason" not in table.column_names:
+            return self._fold(table)
+        dead = pc.is_valid(table["reason"])
+        if not pc.any(dead).as_py():
+            return self._fold(table)
+        return pa.concat_tables(
+            [self._fold(table.filter(pc.invert(dead))), self._unfolded(table.filter(dead))]
+        )
+
+    def _unfolded(self, table: pa.Table) -> pa.Table:
+        n = table.num_rows
+        offsets = table["src_offset"].combine_chunks()
+        columns: dict[str, pa.Array | pa.ChunkedArray] = {
+            "events": pa.array(np.zeros(n, dtype="int64")),
+            "counted": pa.array(np.zeros(n, dtype="int64")),
+            "first_offset": offsets,
+            "last_offset": offsets,
+            "offsets": pa.ListArray.from_arrays(np.arange(n + 1, dtype="int32"), offsets),
+        }
+        arrays = [
+            table[f.name]
+            if f.name in table.column_names and f.name not in columns
+            else columns.get(f.name, pa.nulls(n, f.type))
+            for f in self.schema
+        ]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
+    def _fold(self, table: pa.Table) -> pa.Table:
         weight = _first_of_each_id(table)
         table = table.append_column(WEIGHT, weight)
         counts = pc.greater(weight, 0)
@@ -187,6 +221,8 @@ class Folder:
         # Each event's own offset: a too-late event is read back from the source by it,
         # whatever the job's own filters did around it.
         columns["offsets"] = grouped["src_offset_list"]
+        columns["reason"] = pa.nulls(grouped.num_rows, pa.string())
+        columns["value"] = pa.nulls(grouped.num_rows, pa.binary())
         columns.update({f.name: grouped[f.name] for f in partial_fields(self.aggregates)})
         return pa.table(columns).cast(self.schema)
 

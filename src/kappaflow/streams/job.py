@@ -247,6 +247,7 @@ class Stream:
         # streams hold only the records that parsed.
         self._parsed = frame
         self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
+        self._whole = not clean
         #: A processed stream's rows as the runtime writes them (stateful_plan.py).
         self.output_rows: DataFrame | None = None
         #: What a processed stream's state depends on (check.py compares it on restarts).
@@ -258,6 +259,12 @@ class Stream:
     def df(self) -> DataFrame:
         """The records as a plain streaming DataFrame (with kappaflow's ``_kf_`` columns)."""
         return self._frame.drop(*_VERDICT)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the stream is its source's records as they parsed, not filtered,
+        reshaped or joined: its dead letters can then travel with its rows."""
+        return self._whole
 
     @property
     def parsed(self) -> DataFrame:

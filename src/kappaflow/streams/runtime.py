@@ -168,8 +168,11 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     """The rows of an output's query (OUTPUT_COLUMNS)."""
     stream = output.stream
     source = stream.source
+    # A whole source's dead letters travel with its rows: the source is read once.
+    carried = dead_letters and stream.whole and stream.output_rows is None
     if output.aggregate is not None:
         agg = output.aggregate
+        carried = carried and not agg.window.session
         if agg.window.session:
             rows = aggregate_sessions(
                 stream.df,
@@ -182,7 +185,7 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
             )
         else:
             rows = aggregate_windows(
-                stream.df,
+                stream.parsed.drop("_kf_topic") if carried else stream.df,
                 keys=agg.keys,
                 aggregates=agg.aggregates,
                 size_ms=agg.window.size_ms,
@@ -190,19 +193,25 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
                 watermark_ms=source.watermark_ms,
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
+                dead_letters=carried,
             )
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:
         user = [c for c in stream.df.columns if c not in BOOKKEEPING]
-        rows = stream.df.select(
-            F.lit("record").alias("kind"),
-            F.to_json(F.struct(*user)).alias("row"),
+        good = F.col("_kf_reason").isNull()
+        rows = (
+            stream.parsed if carried else stream.df.withColumn("_kf_reason", F.lit(None))
+        ).select(
+            F.when(good, F.lit("record")).otherwise(F.lit("dlq")).alias("kind"),
+            F.when(good, F.to_json(F.struct(*user))).alias("row"),
+            F.col("_kf_reason").cast("string").alias("reason"),
+            (F.col("_kf_value") if carried else F.lit(None)).cast("binary").alias("value"),
             F.col("_kf_partition").alias("src_partition"),
             F.col("_kf_offset").alias("src_offset"),
         )
     frame = _shaped(rows)
-    if dead_letters:
+    if dead_letters and not carried:
         frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))
     return frame
 

@@ -46,7 +46,17 @@ from kappaflow.counting.arrow_ipc import (
     table_from_ipc,
     table_to_ipc,
 )
-from kappaflow.counting.rows import CLOSED, CORRECTION, FINAL, LATE, PROVISIONAL, SHARDS, STATS
+from kappaflow.counting.rows import (
+    CLOSED,
+    CORRECTION,
+    DEAD,
+    DEAD_WINDOW,
+    FINAL,
+    LATE,
+    PROVISIONAL,
+    SHARDS,
+    STATS,
+)
 from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import (
@@ -74,6 +84,7 @@ OUTPUT_ARROW_SCHEMA = pa.schema(
         ("events", pa.int64()),
         ("duplicates", pa.int64()),
         ("reason", pa.string()),
+        ("value", pa.binary()),
         ("src_partition", pa.int32()),
         ("src_offset", pa.int64()),
         ("src_offset_end", pa.int64()),
@@ -96,22 +107,36 @@ def aggregate_windows(
     watermark_ms: int,
     lateness_ms: int,
     id_column: str | None,
+    dead_letters: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and window
-    (OUTPUT_SCHEMA); tumbling windows, or sliding ones with ``slide_ms``."""
+    (OUTPUT_SCHEMA); tumbling windows, or sliding ones with ``slide_ms``.
+
+    ``dead_letters``: ``events`` are every record of the source, those that did not
+    parse marked by ``_kf_reason`` (with their bytes in ``_kf_value``); they travel
+    through the operator in a group of their own (``DEAD_WINDOW``) and come out as
+    ``dlq`` rows, so the source is read once for both."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
+    dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
     newest = F.floor(F.col("_kf_time") / step) * step
+    backs = F.sequence(F.lit(0), F.lit(size_ms // step - 1))
     windowed = (
         events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
         .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
         .drop("_kf_event_time")
-        .withColumn("_kf_back", F.explode(F.sequence(F.lit(0), F.lit(size_ms // step - 1))))
-        .withColumn("_kf_key", key_json(keys))
+        .withColumn("_kf_back", F.explode(F.when(dead, F.array(F.lit(0))).otherwise(backs)))
+        .withColumn("_kf_key", F.when(~dead, key_json(keys)))
     )
     selected = windowed.select(
-        (newest - F.col("_kf_back") * step).cast("long").alias("window_start"),
-        F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)).cast("int").alias("shard"),
+        F.when(dead, F.lit(DEAD_WINDOW))
+        .otherwise(newest - F.col("_kf_back") * step)
+        .cast("long")
+        .alias("window_start"),
+        F.when(dead, F.lit(-1))
+        .otherwise(F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)))
+        .cast("int")
+        .alias("shard"),
         F.col("_kf_key").alias("key"),
         (F.col("_kf_back") == 0).alias("primary"),
         F.col("_kf_partition").cast("int").alias("src_partition"),
@@ -119,6 +144,11 @@ def aggregate_windows(
         .cast("long")
         .alias("id_hash"),
         F.col("_kf_offset").cast("long").alias("src_offset"),
+        (F.col("_kf_reason") if dead_letters else F.lit(None)).cast("string").alias("reason"),
+        # Only a dead letter's bytes cross to Python.
+        (F.when(dead, F.col("_kf_value")) if dead_letters else F.lit(None))
+        .cast("binary")
+        .alias("value"),
         *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
     )
     folded = selected.mapInArrow(Folder(bound), ddl(folded_schema(bound)))
@@ -256,6 +286,9 @@ class WindowAggregator(StatefulProcessor):
         frame = pd.concat(list(rows), ignore_index=True)
         folded = pa.Table.from_pandas(frame, schema=self.folded, preserve_index=False)
         start = int(key[0])
+        if start == DEAD_WINDOW:
+            yield _dead_letters(folded)
+            return
         end = start + self.size_ms
         if end + self.lateness_ms <= watermark:
             yield self._too_late(folded.filter(folded["primary"]), start, end, watermark)
@@ -436,6 +469,19 @@ def values_json(
         json.dumps(dict(zip(names, row, strict=True)), separators=(",", ":"))
         for row in zip(*results, strict=True)
     ]
+
+
+def _dead_letters(folded: pa.Table) -> pa.Table:
+    """The records that did not parse, one ``dlq`` row each (the fold keeps them whole)."""
+    n = folded.num_rows
+    return output_table(
+        n,
+        kind=[DEAD] * n,
+        reason=folded["reason"],
+        value=folded["value"],
+        src_partition=folded["src_partition"],
+        src_offset=folded["first_offset"],
+    )
 
 
 def _fresh(

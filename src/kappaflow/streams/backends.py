@@ -18,9 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis as redis_lib
 from confluent_kafka import KafkaException
 
+from kappaflow.counting.json_columns import booleans, join, number_text
 from kappaflow.errors import ProduceError
 from kappaflow.kafka.clients import transactional_producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
@@ -51,10 +54,10 @@ class Publisher(Protocol):
 
 
 class ResultStore(Protocol):
-    def apply(
-        self, output: str, batch_id: int, changes: Sequence[dict[str, Any]], stats: dict[str, int]
-    ) -> None:
-        """Each change's values under its key and window; ``stats`` added once per batch."""
+    def apply(self, output: str, batch_id: int, changes: pa.Table, stats: dict[str, int]) -> None:
+        """Each change's values under its key and window (``changes`` has the columns
+        ``kind``, ``key``, ``window_start``, ``window_end``, ``values``, ``version`` and
+        ``watermark``, in order); ``stats`` added once per batch."""
         ...
 
 
@@ -137,21 +140,20 @@ class MemoryPublisher:
         self.markers[output] = {"output": output, "batch_id": batch_id, **marker}
 
 
-# Writes a chunk of changes. KEYS: none. ARGV: the prefix (``kf:JOB:OUTPUT:``), then a
-# JSON array holding three strings per change: key, window start, the window's JSON (empty
-# for a retraction: a session merged into another, or whose start moved, is removed).
+# Writes a chunk of changes. KEYS: none. ARGV: the prefix (``kf:JOB:OUTPUT:``), then three
+# strings per change: key, window start, the window's JSON (empty for a retraction: a
+# session merged into another, or whose start moved, is removed).
 _WRITE = """
 local prefix = ARGV[1]
-local items = cjson.decode(ARGV[2])
-for i = 1, #items, 3 do
-  if items[i + 2] == '' then
-    redis.call('HDEL', prefix .. 'w:' .. items[i], items[i + 1])
+for i = 2, #ARGV, 3 do
+  if ARGV[i + 2] == '' then
+    redis.call('HDEL', prefix .. 'w:' .. ARGV[i], ARGV[i + 1])
   else
-    redis.call('HSET', prefix .. 'w:' .. items[i], items[i + 1], items[i + 2])
-    redis.call('SADD', prefix .. 'keys', items[i])
+    redis.call('HSET', prefix .. 'w:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2])
+    redis.call('SADD', prefix .. 'keys', ARGV[i])
   end
 end
-return #items / 3
+return (#ARGV - 1) / 3
 """
 # Adds a batch's statistics once. ARGV: the stats key, batch id, then name/value pairs.
 _STATS = """
@@ -180,30 +182,45 @@ class RedisStore:
         self._write = client.register_script(_WRITE)
         self._stats = client.register_script(_STATS)
 
-    def apply(
-        self, output: str, batch_id: int, changes: Sequence[dict[str, Any]], stats: dict[str, int]
-    ) -> None:
+    def apply(self, output: str, batch_id: int, changes: pa.Table, stats: dict[str, int]) -> None:
         prefix = redis_prefix(self.job, output)
-        for low in range(0, len(changes), _CHUNK):
-            items: list[str] = []
-            for change in changes[low : low + _CHUNK]:
-                held = "" if change["values"] is None else window_json(change)
-                items += [change["key"], str(change["window_start"]), held]
-            self._write(args=[prefix, json.dumps(items)])
+        keys, starts, held = stored_windows(changes)
+        for low in range(0, len(keys), _CHUNK):
+            items: list[str] = [prefix]
+            end = low + _CHUNK
+            for item in zip(keys[low:end], starts[low:end], held[low:end], strict=True):
+                items += item
+            self._write(args=items)
         pairs = [str(x) for name, value in sorted(stats.items()) for x in (name, value)]
         self._stats(args=[prefix + "stats", batch_id, *pairs])
 
 
-def window_json(change: dict[str, Any]) -> str:
-    """What the store holds for a window of a key."""
-    return json.dumps(
-        {
-            "end": change["window_end"],
-            "values": change["values"],
-            "version": change["version"],
-            "final": change["final"],
-        },
-        separators=(",", ":"),
+def stored_windows(changes: pa.Table) -> tuple[list[str], list[str], list[str]]:
+    """Per change, its key, its window's start and what the store holds for the window:
+    ``{"end", "values", "version", "final"}`` as JSON, or ``""`` for a retraction (a
+    change without values). Built a column at a time: a batch may change 100,000s."""
+    kind, end = changes["kind"], changes["window_end"]
+    final = pc.or_(
+        pc.equal(kind, "final"),
+        pc.and_(pc.equal(kind, "correction"), pc.less_equal(end, changes["watermark"])),
+    )
+    values = changes["values"]
+    held = join(
+        '{"end":',
+        number_text(end),
+        ',"values":',
+        values,
+        ',"version":',
+        number_text(changes["version"]),
+        ',"final":',
+        booleans(final),
+        "}",
+    )
+    held = pc.if_else(pc.is_null(values), "", held)
+    return (
+        changes["key"].to_pylist(),
+        number_text(changes["window_start"]).to_pylist(),
+        held.to_pylist(),
     )
 
 
@@ -215,16 +232,14 @@ class MemoryStore:
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
     applied: dict[str, int] = field(default_factory=dict)
 
-    def apply(
-        self, output: str, batch_id: int, changes: Sequence[dict[str, Any]], stats: dict[str, int]
-    ) -> None:
+    def apply(self, output: str, batch_id: int, changes: pa.Table, stats: dict[str, int]) -> None:
         held = self.windows.setdefault(output, {})
-        for change in changes:
-            window = (change["key"], change["window_start"])
-            if change["values"] is None:  # a retracted session
+        for key, start, text in zip(*stored_windows(changes), strict=True):
+            window = (key, int(start))
+            if not text:  # a retracted session
                 held.pop(window, None)
             else:
-                held[window] = json.loads(window_json(change))
+                held[window] = json.loads(text)
         if batch_id > self.applied.get(output, -1):
             totals = self.stats.setdefault(output, {})
             for name, value in stats.items():

@@ -30,6 +30,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from kappaflow.counting.json_columns import (
+    Column,
+    iso_literals,
+    join,
+    json_object,
+    number_text,
+    quoted,
+)
 from kappaflow.errors import PartialBatchError
 from kappaflow.streams.backends import Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
@@ -118,24 +126,23 @@ class OutputWriter:
                 "dead_letters": len(dead),
             }
             watermark = int(pc.max(table["watermark"]).as_py() or 0)
-            change_rows = [_change(row) for row in changes.to_pylist()]
-            self._results = len(change_rows) + records.num_rows + len(late) + len(dead)
+            self._results = changes.num_rows + records.num_rows + len(late) + len(dead)
             self._step("before-store", batch_id)
             if self.store is not None and target.redis:
-                self.store.apply(target.name, batch_id, change_rows, stats)
+                self.store.apply(target.name, batch_id, changes, stats)
             self._step("after-store", batch_id)
             lake_rows = 0
-            if change_rows or records.num_rows:
+            if changes.num_rows or records.num_rows:
                 # A batch without results (one that only moves the watermark) writes no
                 # lake batch: it has nothing to give the table its columns.
                 for lake in target.lakes:
-                    lake_rows = lake.write(self._lake_frame(frame, change_rows), batch_id)
+                    lake_rows = lake.write(self._lake_frame(frame, changes), batch_id)
             self._step("after-lake", batch_id)
             last = self.publisher.committed(target.name)
             if last is None or batch_id > last["batch_id"]:
                 out: list[Record] = []
                 for topic in target.topics:
-                    out += self._output_records(topic, change_rows, records, batch_id)
+                    out += self._output_records(topic, changes, records, batch_id)
                 out += [self._late_record(r) for r in late]
                 out += [self._dead_letter(r) for r in dead]
                 written = {"kafka_records": len(out), "lake_rows": lake_rows}
@@ -159,7 +166,7 @@ class OutputWriter:
             frame.unpersist()
         print(
             f"output {target.name} batch {batch_id}: {table.num_rows} rows, "
-            f"{len(change_rows)} changes, {records.num_rows} records in "
+            f"{changes.num_rows} changes, {records.num_rows} records in "
             f"{time.perf_counter() - began:.2f}s",
             flush=True,
         )
@@ -169,10 +176,10 @@ class OutputWriter:
             self.on_step(step, self.target.name, batch_id, self._results)
 
     def _output_records(
-        self, topic: str, changes: list[dict[str, Any]], records: pa.Table, batch_id: int
+        self, topic: str, changes: pa.Table, records: pa.Table, batch_id: int
     ) -> list[Record]:
-        if self.target.keys or changes:
-            return [self._changelog_record(topic, c, batch_id) for c in changes]
+        if self.target.keys or changes.num_rows:
+            return changelog_records(topic, self.target.keys, changes, batch_id)
         keys = self.target.source.keys
         out: list[Record] = []
         for text in records["row"].to_pylist():
@@ -181,23 +188,7 @@ class OutputWriter:
             out.append((topic, key, text.encode()))
         return out
 
-    def _changelog_record(self, topic: str, change: dict[str, Any], batch_id: int) -> Record:
-        keys = json.loads(change["key"])
-        value = {
-            **dict(zip(self.target.keys, keys, strict=True)),
-            "window_start": iso(from_epoch_ms(change["window_start"])),
-            "window_end": iso(from_epoch_ms(change["window_end"])),
-            "values": change["values"],
-            "previous": change["previous"],
-            "kind": change["kind"],
-            "version": change["version"],
-            "watermark": iso(from_epoch_ms(change["watermark"])) if change["watermark"] else None,
-            "batch": batch_id,
-        }
-        key = json.dumps([*keys, change["window_start"]]).encode()
-        return topic, key, json.dumps(value).encode()
-
-    def _lake_frame(self, frame: DataFrame, changes: list[dict[str, Any]]) -> DataFrame:
+    def _lake_frame(self, frame: DataFrame, changes: pa.Table) -> DataFrame:
         """The rows the lake gets: a stream's typed rows, or an aggregate's changes with a
         column per key and per aggregate."""
         spark = frame.sparkSession
@@ -208,7 +199,7 @@ class OutputWriter:
                 .select("r.*")
             )
         rows = []
-        for change in changes:
+        for change in map(_change, changes.to_pylist()):
             keys = json.loads(change["key"])
             rows.append(
                 {
@@ -280,6 +271,55 @@ class OutputWriter:
             "value_base64": base64.b64encode(bytes(value)).decode() if value else None,
         }
         return self.target.dlq_topic, None, json.dumps(body).encode()
+
+
+def changelog_records(
+    topic: str, names: tuple[str, ...], changes: pa.Table, batch_id: int
+) -> list[Record]:
+    """The changelog records of a batch's changes, their JSON built a column at a time.
+
+    A record's key is ``[key values..., window start ms]``; its value names the key
+    columns, the window's bounds, the values and the previous ones (the retraction),
+    the kind, the version, the watermark and the batch."""
+    if not changes.num_rows:
+        return []
+    items = _key_items(changes["key"], len(names))
+    start, watermark = changes["window_start"], changes["watermark"]
+    value = json_object(
+        {
+            **dict(zip(names, items, strict=True)),
+            "window_start": iso_literals(start),
+            "window_end": iso_literals(changes["window_end"]),
+            "values": pc.fill_null(changes["values"], "null"),
+            "previous": pc.fill_null(changes["previous"], "null"),
+            "kind": quoted(changes["kind"]),
+            "version": number_text(changes["version"]),
+            "watermark": pc.if_else(pc.greater(watermark, 0), iso_literals(watermark), "null"),
+            "batch": str(batch_id),
+        }
+    )
+    parts: list[Column | str] = ["["]
+    for item in items:
+        parts += [item, ", "]
+    key = join(*parts, number_text(start), "]")
+    return [(topic, k, v) for k, v in zip(_bytes(key), _bytes(value), strict=True)]
+
+
+def _key_items(keys: pa.ChunkedArray, n: int) -> list[Column]:
+    """The JSON text of each key column's value, from the keys' JSON arrays."""
+    if n == 1:
+        # ``["x"]`` → ``"x"``: the array's one element, as it is.
+        return [pc.utf8_slice_codeunits(keys, 1, -1)]
+    distinct = pc.unique(keys)
+    values = [json.loads(text) for text in distinct.to_pylist()]
+    where = pc.index_in(keys, distinct)
+    return [
+        pc.take(pa.array([json.dumps(v[i]) for v in values], pa.string()), where) for i in range(n)
+    ]
+
+
+def _bytes(texts: Column) -> list[bytes]:
+    return list(pc.cast(texts, pa.binary()).to_pylist())
 
 
 def _change(row: dict[str, Any]) -> dict[str, Any]:

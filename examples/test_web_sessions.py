@@ -30,6 +30,8 @@ def test_visits_grow_merge_finish_and_correct(spark: SparkSession) -> None:
         [
             view("v4", "ada", "/docs", 30, at("10:50")),
             view("v2", "ada", "/pricing", 20, at("10:10")),
+            # No visitor: a dead letter, not a view.
+            {"view_id": "v9", "path": "/", "seconds": 3, "at": at("10:51")},
         ],
         # 10:30 is within 30 minutes of both visits: it bridges them into one.
         [view("v5", "ada", "/pricing", 40, at("10:30"))],
@@ -77,3 +79,7 @@ def test_visits_grow_merge_finish_and_correct(spark: SparkSession) -> None:
     assert '"v8"' in late["event"]
     stats = out.stats("visits")
     assert (stats["events"], stats["duplicates"], stats["late"]) == (7, 1, 1)
+    [dead] = out.dead_letters
+    assert "visitor" in dead["error"] and b'"v9"' in dead["value"]
+    assert (dead["source_partition"], dead["source_offset"]) == (0, 5)
+    assert stats["dead_letters"] == 1

@@ -172,20 +172,20 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     carried = dead_letters and stream.whole and stream.output_rows is None
     if output.aggregate is not None:
         agg = output.aggregate
-        carried = carried and not agg.window.session
         if agg.window.session:
             rows = aggregate_sessions(
-                stream.df,
+                stream.parsed if carried else stream.df,
                 keys=agg.keys,
                 aggregates=agg.aggregates,
                 gap_ms=agg.window.size_ms,
                 watermark_ms=source.watermark_ms,
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
+                dead_letters=carried,
             )
         else:
             rows = aggregate_windows(
-                stream.parsed.drop("_kf_topic") if carried else stream.df,
+                stream.parsed if carried else stream.df,
                 keys=agg.keys,
                 aggregates=agg.aggregates,
                 size_ms=agg.window.size_ms,

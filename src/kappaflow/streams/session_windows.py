@@ -46,7 +46,16 @@ from kappaflow.counting.arrow_ipc import (
     table_from_ipc,
     table_to_ipc,
 )
-from kappaflow.counting.rows import CLOSED, CORRECTION, FINAL, LATE, PROVISIONAL, SHARDS, STATS
+from kappaflow.counting.rows import (
+    CLOSED,
+    CORRECTION,
+    DEAD,
+    FINAL,
+    LATE,
+    PROVISIONAL,
+    SHARDS,
+    STATS,
+)
 from kappaflow.counting.sessions import decode_ids, fresh_ids, touches
 from kappaflow.errors import WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
@@ -62,6 +71,8 @@ from kappaflow.streams.windowing import (
 from kappaflow.timeutil import from_epoch_ms, iso
 
 STATE_SCHEMA = "sessions BINARY, ids BINARY"
+#: The shard of the records that did not parse.
+DEAD_SHARD = -1
 #: A held session's columns besides its partials.
 _META = ("key", "start", "end", "version", "final")
 _META_TYPES = (pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.bool_())
@@ -85,27 +96,39 @@ def aggregate_sessions(
     watermark_ms: int,
     lateness_ms: int,
     id_column: str | None,
+    dead_letters: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and session
-    (windowing.OUTPUT_SCHEMA)."""
+    (windowing.OUTPUT_SCHEMA).
+
+    ``dead_letters``: as for windowing.aggregate_windows, records that did not parse
+    travel through the operator, in a shard of their own, and come out as ``dlq`` rows."""
     if gap_ms <= 0:
         raise WindowSpecError(f"session gap must be positive, got {gap_ms} ms")
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
+    dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
     selected = (
         events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
         .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
         .drop("_kf_event_time")
         .withColumn("_kf_key", key_json(keys))
         .select(
-            F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)).cast("int").alias("shard"),
+            F.when(dead, F.lit(DEAD_SHARD))
+            .otherwise(F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)))
+            .cast("int")
+            .alias("shard"),
             F.col("_kf_key").alias("key"),
-            F.col("_kf_time").cast("long").alias("ts"),
+            F.coalesce(F.col("_kf_time"), F.lit(0)).cast("long").alias("ts"),
             (F.col(id_column).isNotNull() if id_column else F.lit(False)).alias("has_id"),
             (F.coalesce(F.xxhash64(id_column), F.lit(0)) if id_column else F.lit(0))
             .cast("long")
             .alias("id_hash"),
             F.col("_kf_partition").cast("int").alias("src_partition"),
             F.col("_kf_offset").cast("long").alias("src_offset"),
+            (F.col("_kf_reason") if dead_letters else F.lit(None)).cast("string").alias("reason"),
+            (F.when(dead, F.col("_kf_value")) if dead_letters else F.lit(None))
+            .cast("binary")
+            .alias("value"),
             *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
         )
     )
@@ -159,6 +182,9 @@ class SessionAggregator(StatefulProcessor):
     ) -> Iterator[pa.Table]:
         watermark = timerValues.getCurrentWatermarkInMs()
         events = pd.concat(list(rows), ignore_index=True)
+        if int(key[0]) == DEAD_SHARD:
+            yield _dead_letters(events)
+            return
         stored = self._stored()
         sessions, expired = self._expire(self._sessions(stored), watermark)
         ids = decode_ids(stored.ids if stored else None)
@@ -397,3 +423,16 @@ class SessionAggregator(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def _dead_letters(records: pd.DataFrame) -> pa.Table:
+    """The records that did not parse, one ``dlq`` row each."""
+    n = len(records)
+    return output_table(
+        n,
+        kind=[DEAD] * n,
+        reason=records["reason"].tolist(),
+        value=records["value"].tolist(),
+        src_partition=records["src_partition"].to_numpy(dtype="int32"),
+        src_offset=records["src_offset"].to_numpy(dtype="int64"),
+    )

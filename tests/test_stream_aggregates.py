@@ -7,6 +7,7 @@ step reduce a micro-batch per (window, key) and the window state absorb it.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -17,6 +18,7 @@ import kappaflow.streams.aggregates as kf
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import WEIGHT, input_name, partial_name, reduce_groups
+from kappaflow.streams.windowing import values_json
 
 
 def raw(keys: list[str], values: list[Any], aggregates: list[Aggregate]) -> pa.Table:
@@ -142,3 +144,27 @@ def test_approx_distinct_takes_any_scalar_and_declarations_by_name_work() -> Non
     assert kf.aggregate("approx_quantiles", "v", quantiles=[0.25]) == kf.approx_quantiles(
         "v", (0.25,)
     )
+
+
+def test_values_json_writes_what_json_dumps_writes() -> None:
+    aggregates = [
+        kf.count(),
+        kf.max("x").bind(pa.float64()),
+        kf.sum("n").bind(pa.int64()),
+        kf.approx_quantiles("x", [0.5]).bind(pa.float64()),
+    ]
+    names = ["n", "top", 'the "sum"', "q"]
+    xs = [1.5, 14.0, 1e-7, 1e16, -0.0, float("nan"), float("inf"), None, 2.5, 1 / 3]
+    keys = [f"k{i}" for i in range(len(xs))]
+    ints = [None if x is None else i - 3 for i, x in enumerate(xs)]
+    table = raw(keys, xs, aggregates[:2]).append_column(input_name(2), pa.array(ints))
+    table = table.append_column(input_name(3), pa.array(xs, pa.float64()))
+    partials = reduce_groups(table, ["key"], aggregates, raw=True)
+    found = results(partials, aggregates)
+    want = [
+        json.dumps(dict(zip(names, found[key], strict=True)), separators=(",", ":"))
+        for key in partials["key"].to_pylist()
+    ]
+    assert values_json(names, aggregates, partials) == want
+    one = values_json(names[:1], aggregates[:1], partials)
+    assert one == [json.dumps({"n": 1}, separators=(",", ":"))] * len(xs)

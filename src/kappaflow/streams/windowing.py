@@ -23,6 +23,7 @@ fold and output (the state keyed by key instead of window).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -460,14 +461,39 @@ class WindowAggregator(StatefulProcessor):
 def values_json(
     names: Sequence[str], aggregates: Sequence[Aggregate], partials: pa.Table
 ) -> list[str]:
-    """Each row's values as a JSON object (name → value, in declaration order)."""
-    results = [
-        agg.results([partials[partial_name(i, p)].combine_chunks() for p in agg.partials()])
+    """Each row's values as a JSON object (name → value, in declaration order), as
+    ``json.dumps(..., separators=(",", ":"))`` writes it.
+
+    A batch makes 100,000s of these: each value is written on its own (numbers by
+    ``str`` and ``repr``, the rest by ``json``) and the objects joined as text, which is
+    several times faster than a ``json.dumps`` per object."""
+    heads = [json.dumps(name) + ":" for name in names]
+    columns = [
+        _json_texts(
+            agg.results([partials[partial_name(i, p)].combine_chunks() for p in agg.partials()])
+        )
         for i, agg in enumerate(aggregates)
     ]
+    if len(columns) == 1:
+        head = "{" + heads[0]
+        return [head + text + "}" for text in columns[0]]
     return [
-        json.dumps(dict(zip(names, row, strict=True)), separators=(",", ":"))
-        for row in zip(*results, strict=True)
+        "{" + ",".join(h + t for h, t in zip(heads, row, strict=True)) + "}"
+        for row in zip(*columns, strict=True)
+    ]
+
+
+def _json_texts(values: list[Any]) -> list[str]:
+    """Each value as JSON text, as ``json.dumps`` writes it."""
+    return [
+        "null"
+        if v is None
+        else str(v)
+        if type(v) is int
+        else repr(v)
+        if type(v) is float and math.isfinite(v)
+        else json.dumps(v, separators=(",", ":"))
+        for v in values
     ]
 
 

@@ -31,6 +31,7 @@ from kappaflow.streams.windowing import (
     WindowAggregator,
     WindowState,
     aggregate_windows,
+    key_json,
     unpack_batches,
 )
 
@@ -421,3 +422,18 @@ def test_sliding_windows_and_key_json_in_a_batch_query(spark: SparkSession) -> N
     ]
     counted = [r["events"] for r in rows if r["kind"] == "stats"]
     assert sum(counted) == 3  # each event counted once, through its newest window
+
+
+def test_key_json_of_one_key_is_the_array_of_its_value(spark: SparkSession) -> None:
+    rows = spark.createDataFrame(
+        [("DE", 7, 1.5, True), (None, None, None, None), ('a"b', -1, 2.0, False)],
+        "country STRING, channel INT, price DOUBLE, open BOOLEAN",
+    )
+    texts = rows.select(
+        *[key_json([c]).alias(c) for c in rows.columns], key_json(["country", "open"]).alias("two")
+    ).collect()
+    assert [tuple(r) for r in texts] == [
+        ('["DE"]', "[7]", "[1.5]", "[true]", '["DE",true]'),
+        ("[null]", "[null]", "[null]", "[null]", "[null,null]"),
+        ('["a\\"b"]', "[-1]", "[2.0]", "[false]", '["a\\"b",false]'),
+    ]

@@ -182,6 +182,8 @@ def key_json(keys: Sequence[str]) -> Column:
     """The key columns' values as the text of a JSON array (``[]`` without keys)."""
     if not keys:
         return F.lit("[]")
+    if len(keys) == 1:
+        return F.to_json(F.array(F.col(keys[0])))
     items = [F.regexp_replace(F.to_json(F.array(F.col(k))), r"^\[|\]$", "") for k in keys]
     return F.concat(F.lit("["), F.concat_ws(",", *items), F.lit("]"))
 

@@ -109,65 +109,69 @@ class OutputWriter:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         began = time.perf_counter()
         target = self.target
-        frame = frame.persist()
-        try:
-            table = frame.toArrow()
-            kind = table["kind"]
-            changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
-            records = table.filter(pc.equal(kind, RECORD))
-            late = self._late_events(frame, table.filter(pc.equal(kind, LATE)).to_pylist())
-            dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
-            counted = table.filter(pc.equal(kind, STATS))
-            stats = {
-                "events": _sum(counted["events"])
-                + (records.num_rows if target.records_are_events else 0),
-                "duplicates": _sum(counted["duplicates"]),
-                "late": len(late),
-                "dead_letters": len(dead),
+        # One action on the batch: everything after works on its Arrow table.
+        table = frame.toArrow()
+        spent = {"compute+collect": time.perf_counter() - began}
+        kind = table["kind"]
+        changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
+        records = table.filter(pc.equal(kind, RECORD))
+        late = self._late_events(frame, table.filter(pc.equal(kind, LATE)).to_pylist())
+        dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
+        counted = table.filter(pc.equal(kind, STATS))
+        stats = {
+            "events": _sum(counted["events"])
+            + (records.num_rows if target.records_are_events else 0),
+            "duplicates": _sum(counted["duplicates"]),
+            "late": len(late),
+            "dead_letters": len(dead),
+        }
+        watermark = int(pc.max(table["watermark"]).as_py() or 0)
+        self._results = changes.num_rows + records.num_rows + len(late) + len(dead)
+        spent["prepare"] = time.perf_counter() - began - sum(spent.values())
+        self._step("before-store", batch_id)
+        if self.store is not None and target.redis:
+            self.store.apply(target.name, batch_id, changes, stats)
+        spent["redis"] = time.perf_counter() - began - sum(spent.values())
+        self._step("after-store", batch_id)
+        lake_rows = 0
+        if changes.num_rows or records.num_rows:
+            # A batch without results (one that only moves the watermark) writes no
+            # lake batch: it has nothing to give the table its columns.
+            for lake in target.lakes:
+                lake_rows = lake.write(self._lake_frame(frame, records, changes), batch_id)
+        spent["lake"] = time.perf_counter() - began - sum(spent.values())
+        self._step("after-lake", batch_id)
+        last = self.publisher.committed(target.name)
+        if last is None or batch_id > last["batch_id"]:
+            out: list[Record] = []
+            for topic in target.topics:
+                out += self._output_records(topic, changes, records, batch_id)
+            out += [self._late_record(r) for r in late]
+            out += [self._dead_letter(r) for r in dead]
+            written = {"kafka_records": len(out), "lake_rows": lake_rows}
+            marker = {
+                "batch": {**stats, **written},
+                "totals": _added((last or {}).get("totals", {}), {**stats, **written}),
+                "watermark": watermark,
+                "at": iso(datetime.now(UTC)),
             }
-            watermark = int(pc.max(table["watermark"]).as_py() or 0)
-            self._results = changes.num_rows + records.num_rows + len(late) + len(dead)
-            self._step("before-store", batch_id)
-            if self.store is not None and target.redis:
-                self.store.apply(target.name, batch_id, changes, stats)
-            self._step("after-store", batch_id)
-            lake_rows = 0
-            if changes.num_rows or records.num_rows:
-                # A batch without results (one that only moves the watermark) writes no
-                # lake batch: it has nothing to give the table its columns.
-                for lake in target.lakes:
-                    lake_rows = lake.write(self._lake_frame(frame, changes), batch_id)
-            self._step("after-lake", batch_id)
-            last = self.publisher.committed(target.name)
-            if last is None or batch_id > last["batch_id"]:
-                out: list[Record] = []
-                for topic in target.topics:
-                    out += self._output_records(topic, changes, records, batch_id)
-                out += [self._late_record(r) for r in late]
-                out += [self._dead_letter(r) for r in dead]
-                written = {"kafka_records": len(out), "lake_rows": lake_rows}
-                marker = {
-                    "batch": {**stats, **written},
-                    "totals": _added((last or {}).get("totals", {}), {**stats, **written}),
-                    "watermark": watermark,
-                    "at": iso(datetime.now(UTC)),
-                }
-                self.publisher.publish(
-                    target.name,
-                    batch_id,
-                    out,
-                    marker,
-                    lambda: self._step("in-transaction", batch_id),
-                )
-                if target.status_dir is not None:
-                    _write_status(target.status_dir, target.name, {"batch_id": batch_id, **marker})
-            self._step("after-kafka", batch_id)
-        finally:
-            frame.unpersist()
+            self.publisher.publish(
+                target.name,
+                batch_id,
+                out,
+                marker,
+                lambda: self._step("in-transaction", batch_id),
+            )
+            if target.status_dir is not None:
+                _write_status(target.status_dir, target.name, {"batch_id": batch_id, **marker})
+        spent["kafka"] = time.perf_counter() - began - sum(spent.values())
+        self._step("after-kafka", batch_id)
         print(
             f"output {target.name} batch {batch_id}: {table.num_rows} rows, "
             f"{changes.num_rows} changes, {records.num_rows} records in "
-            f"{time.perf_counter() - began:.2f}s",
+            f"{time.perf_counter() - began:.2f}s ("
+            + ", ".join(f"{step} {seconds:.2f}s" for step, seconds in spent.items())
+            + ")",
             flush=True,
         )
 
@@ -188,13 +192,13 @@ class OutputWriter:
             out.append((topic, key, text.encode()))
         return out
 
-    def _lake_frame(self, frame: DataFrame, changes: pa.Table) -> DataFrame:
+    def _lake_frame(self, frame: DataFrame, records: pa.Table, changes: pa.Table) -> DataFrame:
         """The rows the lake gets: a stream's typed rows, or an aggregate's changes with a
         column per key and per aggregate."""
         spark = frame.sparkSession
         if not self.target.keys and self.target.row_schema is not None:
             return (
-                frame.where(F.col("kind") == RECORD)
+                spark.createDataFrame(records.select(["row"]))
                 .select(F.from_json("row", self.target.row_schema).alias("r"))
                 .select("r.*")
             )

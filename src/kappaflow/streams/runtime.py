@@ -45,6 +45,8 @@ OUTPUT_COLUMNS = (
     ("src_partition", "int"),
     ("src_offset", "bigint"),
     ("offsets", "array<bigint>"),
+    # A window operator's rows, packed (``kind`` "packed"): the writer unpacks them.
+    ("packed", "binary"),
 )
 
 #: A user's job: a function that declares it.
@@ -182,6 +184,7 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
+                packed=True,
             )
         else:
             rows = aggregate_windows(
@@ -194,7 +197,9 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
+                packed=True,
             )
+        rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:

@@ -97,12 +97,14 @@ def aggregate_sessions(
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
+    packed: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and session
     (windowing.OUTPUT_SCHEMA).
 
     ``dead_letters``: as for windowing.aggregate_windows, records that did not parse
-    travel through the operator, in a shard of their own, and come out as ``dlq`` rows."""
+    travel through the operator, in a shard of their own, and come out as ``dlq`` rows;
+    ``packed``: the operator's packed rows, as for aggregate_windows."""
     if gap_ms <= 0:
         raise WindowSpecError(f"session gap must be positive, got {gap_ms} ms")
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
@@ -137,13 +139,15 @@ def aggregate_sessions(
     processor = SessionAggregator(
         names, bound, inputs, gap_ms, lateness_ms, dedup=id_column is not None
     )
-    packed = selected.groupBy("shard").transformWithStateInPandas(
+    out = selected.groupBy("shard").transformWithStateInPandas(
         statefulProcessor=PackedProcessor(processor),
         outputStructType=PACKED_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",
     )
-    return packed.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
+    if packed:
+        return out
+    return out.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
 
 
 class SessionAggregator(StatefulProcessor):

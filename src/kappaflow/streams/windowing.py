@@ -109,6 +109,7 @@ def aggregate_windows(
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
+    packed: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and window
     (OUTPUT_SCHEMA); tumbling windows, or sliding ones with ``slide_ms``.
@@ -116,7 +117,11 @@ def aggregate_windows(
     ``dead_letters``: ``events`` are every record of the source, those that did not
     parse marked by ``_kf_reason`` (with their bytes in ``_kf_value``); they travel
     through the operator in a group of their own (``DEAD_WINDOW``) and come out as
-    ``dlq`` rows, so the source is read once for both."""
+    ``dlq`` rows, so the source is read once for both.
+
+    ``packed``: the operator's rows as it packs them (a ``rows`` column of Arrow IPC
+    bytes, one per group and call), for a batch writer that unpacks them itself
+    (``unpack_table``), which spares the query a pass through a Python worker."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
@@ -154,13 +159,15 @@ def aggregate_windows(
     )
     folded = selected.mapInArrow(Folder(bound), ddl(folded_schema(bound)))
     processor = WindowAggregator(names, bound, size_ms, lateness_ms, dedup=id_column is not None)
-    packed = folded.groupBy("window_start", "shard").transformWithStateInPandas(
+    out = folded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=PackedProcessor(processor),
         outputStructType=PACKED_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",
     )
-    return packed.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
+    if packed:
+        return out
+    return out.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
 
 
 def _check_windows(size_ms: int, slide_ms: int | None, watermark_ms: int, lateness_ms: int) -> int:
@@ -222,6 +229,12 @@ def unpack_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
         for blob in batch.column("rows").to_pylist():
             if blob:
                 yield from table_from_ipc(blob).cast(OUTPUT_ARROW_SCHEMA).to_batches()
+
+
+def unpack_table(blobs: list[bytes | None]) -> pa.Table:
+    """Packed rows (``aggregate_windows(..., packed=True)``) as one OUTPUT_SCHEMA table."""
+    tables = [table_from_ipc(blob).cast(OUTPUT_ARROW_SCHEMA) for blob in blobs if blob]
+    return pa.concat_tables(tables) if tables else OUTPUT_ARROW_SCHEMA.empty_table()
 
 
 def output_table(n: int, **columns: Any) -> pa.Table:

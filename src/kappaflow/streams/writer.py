@@ -42,10 +42,11 @@ from kappaflow.errors import PartialBatchError
 from kappaflow.streams.backends import Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
 from kappaflow.streams.lake import LakeWriter
+from kappaflow.streams.windowing import unpack_table
 from kappaflow.timeutil import from_epoch_ms, iso
 
 CHANGES = ("provisional", "final", "correction")
-RECORD, LATE, DEAD, STATS = "record", "late", "dlq", "stats"
+RECORD, LATE, DEAD, STATS, PACKED = "record", "late", "dlq", "stats", "packed"
 
 #: The points of a batch at which the writer calls its ``on_step`` hook; the
 #: fault-injection tests kill the driver at each.
@@ -110,7 +111,7 @@ class OutputWriter:
         began = time.perf_counter()
         target = self.target
         # One action on the batch: everything after works on its Arrow table.
-        table = frame.toArrow()
+        table = _unpacked(frame.toArrow())
         spent = {"compute+collect": time.perf_counter() - began}
         kind = table["kind"]
         changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
@@ -275,6 +276,23 @@ class OutputWriter:
             "value_base64": base64.b64encode(bytes(value)).decode() if value else None,
         }
         return self.target.dlq_topic, None, json.dumps(body).encode()
+
+
+def _unpacked(table: pa.Table) -> pa.Table:
+    """The batch's rows with a window operator's packed rows unpacked, without
+    ``packed``."""
+    packed = pc.equal(table["kind"], PACKED)
+    rest = table.filter(pc.invert(packed)).drop_columns(["packed"])
+    if not pc.any(packed).as_py():
+        return rest
+    rows = unpack_table(table.filter(packed)["packed"].to_pylist())
+    columns = [
+        rows[f.name].cast(f.type)
+        if f.name in rows.column_names
+        else pa.nulls(rows.num_rows, f.type)
+        for f in rest.schema
+    ]
+    return pa.concat_tables([rest, pa.Table.from_arrays(columns, schema=rest.schema)])
 
 
 def changelog_records(

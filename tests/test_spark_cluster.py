@@ -17,8 +17,8 @@ import pyspark
 import pytest
 from confluent_kafka import Producer
 from conftest import RunCli, free_port, start_clean_job
+from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
-from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.settings import Settings
 from kappaflow.streams.lake_read import read_arrow
@@ -188,11 +188,8 @@ def test_a_user_job_on_a_standalone_cluster_with_hadoop_uris(
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / f"{module}.py").write_text(USER_MODULE)
     source, dest, job = new_topic(), f"{topic_name}-loud", f"user-{topic_name}"
-    producer = Producer(kafka.kafka.client_config())
-    for n in range(20):
-        value = {"word": f"w{n}", "at": 1_795_428_000_000 + n}
-        producer.produce(source, value=json.dumps(value).encode())
-    assert producer.flush(30) == 0
+    words = [{"word": f"w{n}", "at": 1_795_428_000_000 + n} for n in range(20)]
+    send_json(kafka, source, words, key="word")
 
     # Checkpoints and the lake as Hadoop URIs, not plain paths.
     env = {
@@ -209,22 +206,14 @@ def test_a_user_job_on_a_standalone_cluster_with_hadoop_uris(
     apps = _master_state(status_url)["activeapps"]
     assert f"kappaflow:{job}" in [app["name"] for app in apps]
 
-    jobs = JobManager(kafka)
-
     def shouted() -> list[str] | None:
-        if jobs.get_state(job) == "failed":
-            raise AssertionError(f"{job} failed:\n" + "\n".join(jobs.log_lines(job, 30)))
-        values = [
-            json.loads(m.value() or b"{}")["loud"]
-            for m in read_records(kafka.kafka, dest, start=StartAt(beginning=True))
-        ]
+        values = [v["loud"] for v in topic_values(kafka, dest)]
         return values if len(values) >= 20 else None
 
     try:
-        loud = wait_for(shouted, timeout=180, what="the cluster's output")
+        loud = wait_job(kafka, job, shouted, what="the cluster's output")
     finally:
-        if jobs.get_state(job) == "running":
-            jobs.stop(job)
+        stop_if_running(kafka, job)
     assert sorted(loud) == sorted(f"W{n}!" for n in range(20))
     assert (tmp_path / "checkpoints" / job / "loud" / "commits").is_dir()
     lake = read_arrow((tmp_path / "lake").as_uri() + f"/{job}/loud").to_pylist()

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
+from packed_rows import packed_rows
 from pyspark.sql.streaming import TwsTester
 
-from kappaflow.counting.arrow_ipc import PackedProcessor, unpack
+from kappaflow.counting.arrow_ipc import PackedProcessor
 from kappaflow.counting.rows import DEAD_WINDOW, SESSIONS_WINDOW
 from kappaflow.counting.sessions import SessionCounter, SessionState, decode_sessions
 
@@ -60,15 +60,7 @@ def events(pairs: list[tuple[str, int]]) -> pd.DataFrame:
 
 
 def rows_of(packed: object) -> list[dict[str, Any]]:
-    """The rows a call emitted, unpacked; at most one packed row per group and call."""
-    assert isinstance(packed, pd.DataFrame)
-    if packed.empty:
-        return []
-    assert len(packed) == 1, "one packed row per call"
-    rows: list[dict[str, Any]] = unpack(
-        pa.Table.from_pandas(packed, preserve_index=False)
-    ).to_pylist()
-    return rows
+    return packed_rows(packed)
 
 
 def feed(counter: TwsTester, pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:

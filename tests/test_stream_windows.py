@@ -18,11 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from packed_rows import packed_rows
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import PackedProcessor
+from kappaflow.counting.arrow_ipc import PackedProcessor, unpack
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import Folder, input_name
@@ -32,7 +33,6 @@ from kappaflow.streams.windowing import (
     WindowState,
     aggregate_windows,
     key_json,
-    unpack_batches,
 )
 
 SIZE = 60_000
@@ -102,15 +102,8 @@ def ev(key: list[Any], offset: int, amount: int | None = None, **more: Any) -> d
 
 
 def rows_of(packed: object) -> list[dict[str, Any]]:
-    assert isinstance(packed, pd.DataFrame)
-    if packed.empty:
-        return []
-    assert len(packed) == 1, "one packed row per call"
-    batch = pa.RecordBatch.from_pandas(packed, preserve_index=False)
-    tables = [pa.Table.from_batches([b]) for b in unpack_batches(iter([batch]))]
-    table = pa.concat_tables(tables)
-    assert table.schema == OUTPUT_ARROW_SCHEMA
-    return sorted(table.to_pylist(), key=lambda r: (r["kind"], r["key"] or ""))
+    rows = packed_rows(packed, OUTPUT_ARROW_SCHEMA)
+    return sorted(rows, key=lambda r: (r["kind"], r["key"] or ""))
 
 
 def feed(t: TwsTester, frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -338,16 +331,11 @@ def test_a_streaming_query_emits_provisional_final_correction_and_late(
         lateness_ms=30_000,
         id_column=None,
     )
-    assert out.schema.simpleString() == (
-        "struct<kind:string,key:string,window_start:bigint,window_end:bigint,values:string,"
-        "previous:string,version:bigint,watermark:bigint,events:bigint,duplicates:bigint,"
-        "reason:string,value:binary,src_partition:int,src_offset:bigint,src_offset_end:bigint,"
-        "offsets:array<bigint>>"
-    )
     batches: list[list[dict[str, Any]]] = []
 
     def collect(frame: DataFrame, batch_id: int) -> None:
-        batches.append([row.asDict() for row in frame.collect()])
+        rows = unpack(frame.toArrow()["rows"], OUTPUT_ARROW_SCHEMA)
+        batches.append(rows.to_pylist())
 
     query = (
         out.writeStream.outputMode("update")
@@ -408,7 +396,7 @@ def test_sliding_windows_and_key_json_in_a_batch_query(spark: SparkSession) -> N
         lateness_ms=0,
         id_column=None,
     )
-    rows = out.collect()
+    rows = unpack(out.toArrow()["rows"], OUTPUT_ARROW_SCHEMA).to_pylist()
     found = sorted(
         (r["key"], r["window_start"], r["window_end"], r["values"])
         for r in rows

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
+from packed_rows import packed_rows
 from pyspark.sql.streaming import TwsTester
 
-from kappaflow.counting.arrow_ipc import PackedProcessor, unpack
+from kappaflow.counting.arrow_ipc import PackedProcessor
 from kappaflow.counting.rows import DEAD_WINDOW
 from kappaflow.counting.windows import WindowCounter, WindowState, decode_counts
 
@@ -63,13 +63,7 @@ def folded(
 
 
 def rows_of(packed: object) -> list[dict[str, Any]]:
-    """The rows a call emitted, unpacked; at most one packed row per group and call."""
-    assert isinstance(packed, pd.DataFrame)
-    if packed.empty:
-        return []
-    assert len(packed) == 1, "one packed row per call"
-    table = unpack(pa.Table.from_pandas(packed, preserve_index=False))
-    return sorted(table.to_pylist(), key=lambda r: (r["kind"], r["key"] or ""))
+    return sorted(packed_rows(packed), key=lambda r: (r["kind"], r["key"] or ""))
 
 
 def feed(counter: TwsTester, frame: pd.DataFrame, key: int = START) -> list[dict[str, Any]]:

@@ -64,10 +64,13 @@ def _packed(parts: Iterator[Any]) -> Iterator[pd.DataFrame]:
         yield pd.DataFrame({"rows": [table_to_ipc(pa.concat_tables(tables))]})
 
 
-def unpack(packed: pa.Table) -> pa.Table:
-    """The rows packed by ``PackedProcessor``, as one table of OUTPUT_SCHEMA."""
-    tables = [table_from_ipc(blob) for blob in packed["rows"].to_pylist() if blob]
-    return pa.concat_tables(tables) if tables else OUTPUT_ARROW_SCHEMA.empty_table()
+def unpack(blobs: pa.ChunkedArray | pa.Array, schema: pa.Schema = OUTPUT_ARROW_SCHEMA) -> pa.Table:
+    """The rows packed by ``PackedProcessor`` (``blobs``, one per group and call) as one
+    table of the operator's ``schema`` (counting's OUTPUT_SCHEMA unless given)."""
+    tables = [table_from_ipc(blob) for blob in blobs.to_pylist() if blob]
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables, promote_options="permissive").cast(schema)
 
 
 def table_to_ipc(table: pa.Table) -> bytes:

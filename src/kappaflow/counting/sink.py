@@ -84,7 +84,7 @@ class BatchWriter:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         began = time.perf_counter()
-        table = unpack(frame.toArrow())
+        table = unpack(frame.toArrow()["rows"])
         collected = time.perf_counter()
         kind = table["kind"]
         changes = table.filter(pc.is_in(kind, pa.array(CHANGE_KINDS))).sort_by(

@@ -184,7 +184,6 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
-                packed=True,
             )
         else:
             rows = aggregate_windows(
@@ -197,7 +196,6 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
-                packed=True,
             )
         rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
     elif stream.output_rows is not None:

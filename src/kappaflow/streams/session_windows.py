@@ -61,11 +61,9 @@ from kappaflow.errors import WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import WEIGHT, input_name, partial_fields, reduce_groups
 from kappaflow.streams.windowing import (
-    OUTPUT_SCHEMA,
     bind_aggregates,
     key_json,
     output_table,
-    unpack_batches,
     values_json,
 )
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -97,14 +95,12 @@ def aggregate_sessions(
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
-    packed: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and session
-    (windowing.OUTPUT_SCHEMA).
+    (windowing.OUTPUT_SCHEMA rows, packed as by windowing.aggregate_windows).
 
     ``dead_letters``: as for windowing.aggregate_windows, records that did not parse
-    travel through the operator, in a shard of their own, and come out as ``dlq`` rows;
-    ``packed``: the operator's packed rows, as for aggregate_windows."""
+    travel through the operator, in a shard of their own, and come out as ``dlq`` rows."""
     if gap_ms <= 0:
         raise WindowSpecError(f"session gap must be positive, got {gap_ms} ms")
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
@@ -139,15 +135,12 @@ def aggregate_sessions(
     processor = SessionAggregator(
         names, bound, inputs, gap_ms, lateness_ms, dedup=id_column is not None
     )
-    out = selected.groupBy("shard").transformWithStateInPandas(
+    return selected.groupBy("shard").transformWithStateInPandas(
         statefulProcessor=PackedProcessor(processor),
         outputStructType=PACKED_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",
     )
-    if packed:
-        return out
-    return out.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
 
 
 class SessionAggregator(StatefulProcessor):

@@ -109,19 +109,16 @@ def aggregate_windows(
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
-    packed: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and window
-    (OUTPUT_SCHEMA); tumbling windows, or sliding ones with ``slide_ms``.
+    (OUTPUT_SCHEMA rows, packed: a ``rows`` column of Arrow IPC bytes per group and call,
+    which the batch writer unpacks with arrow_ipc.unpack, sparing the query a pass through
+    a Python worker); tumbling windows, or sliding ones with ``slide_ms``.
 
     ``dead_letters``: ``events`` are every record of the source, those that did not
     parse marked by ``_kf_reason`` (with their bytes in ``_kf_value``); they travel
     through the operator in a group of their own (``DEAD_WINDOW``) and come out as
-    ``dlq`` rows, so the source is read once for both.
-
-    ``packed``: the operator's rows as it packs them (a ``rows`` column of Arrow IPC
-    bytes, one per group and call), for a batch writer that unpacks them itself
-    (``unpack_table``), which spares the query a pass through a Python worker."""
+    ``dlq`` rows, so the source is read once for both."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
@@ -159,15 +156,12 @@ def aggregate_windows(
     )
     folded = selected.mapInArrow(Folder(bound), ddl(folded_schema(bound)))
     processor = WindowAggregator(names, bound, size_ms, lateness_ms, dedup=id_column is not None)
-    out = folded.groupBy("window_start", "shard").transformWithStateInPandas(
+    return folded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=PackedProcessor(processor),
         outputStructType=PACKED_SCHEMA,
         outputMode="Update",
         timeMode="EventTime",
     )
-    if packed:
-        return out
-    return out.mapInArrow(unpack_batches, OUTPUT_SCHEMA)
 
 
 def _check_windows(size_ms: int, slide_ms: int | None, watermark_ms: int, lateness_ms: int) -> int:
@@ -221,20 +215,6 @@ def bind_aggregates(
         arrow = to_arrow_type(types[agg.column]) if agg.column is not None else None
         bound.append(agg.bind(arrow))
     return list(aggregates), bound
-
-
-def unpack_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` after the operator: its packed rows as OUTPUT_SCHEMA rows."""
-    for batch in batches:
-        for blob in batch.column("rows").to_pylist():
-            if blob:
-                yield from table_from_ipc(blob).cast(OUTPUT_ARROW_SCHEMA).to_batches()
-
-
-def unpack_table(blobs: list[bytes | None]) -> pa.Table:
-    """Packed rows (``aggregate_windows(..., packed=True)``) as one OUTPUT_SCHEMA table."""
-    tables = [table_from_ipc(blob).cast(OUTPUT_ARROW_SCHEMA) for blob in blobs if blob]
-    return pa.concat_tables(tables) if tables else OUTPUT_ARROW_SCHEMA.empty_table()
 
 
 def output_table(n: int, **columns: Any) -> pa.Table:

@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from kappaflow.counting.arrow_ipc import unpack
 from kappaflow.counting.json_columns import (
     Column,
     iso_literals,
@@ -42,7 +43,7 @@ from kappaflow.errors import PartialBatchError
 from kappaflow.streams.backends import Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
 from kappaflow.streams.lake import LakeWriter
-from kappaflow.streams.windowing import unpack_table
+from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
 from kappaflow.timeutil import from_epoch_ms, iso
 
 CHANGES = ("provisional", "final", "correction")
@@ -285,7 +286,7 @@ def _unpacked(table: pa.Table) -> pa.Table:
     rest = table.filter(pc.invert(packed)).drop_columns(["packed"])
     if not pc.any(packed).as_py():
         return rest
-    rows = unpack_table(table.filter(packed)["packed"].to_pylist())
+    rows = unpack(table.filter(packed)["packed"], OUTPUT_ARROW_SCHEMA)
     columns = [
         rows[f.name].cast(f.type)
         if f.name in rows.column_names

@@ -56,10 +56,15 @@ CHANGE_KINDS = (PROVISIONAL, FINAL, CORRECTION)
 
 
 def output_table(n: int, **columns: Any) -> pa.Table:
-    """``n`` output rows as Arrow; columns not given are 0 (numbers), -1 (partition) or
-    null. Values may be lists, numpy arrays or Arrow arrays."""
+    """``n`` output rows as Arrow (OUTPUT_SCHEMA); see ``schema_rows``."""
+    return schema_rows(OUTPUT_ARROW_SCHEMA, n, **columns)
+
+
+def schema_rows(schema: pa.Schema, n: int, **columns: Any) -> pa.Table:
+    """``n`` rows of an operator's output ``schema``; columns not given are 0 (numbers),
+    -1 (partition) or null. Values may be lists, numpy arrays, pandas or Arrow arrays."""
     arrays: list[pa.Array | pa.ChunkedArray] = []
-    for field in OUTPUT_ARROW_SCHEMA:
+    for field in schema:
         values = columns.get(field.name)
         if isinstance(values, pa.ChunkedArray | pa.Array):
             arrays.append(values.cast(field.type))
@@ -71,7 +76,7 @@ def output_table(n: int, **columns: Any) -> pa.Table:
             arrays.append(pa.array(np.zeros(n, dtype="int64")))
         else:
             arrays.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def output_rows(n: int, **columns: Any) -> pd.DataFrame:
@@ -80,17 +85,21 @@ def output_rows(n: int, **columns: Any) -> pd.DataFrame:
     return frame
 
 
-def dead_letter_rows(records: pd.DataFrame, offset_column: str) -> pa.Table:
-    """A ``dlq`` row for each record that cannot be counted, with its reason, its
-    original bytes and where it came from (``offset_column`` holds its source offset)."""
+def dead_letter_rows(
+    records: pd.DataFrame | pa.Table, offset_column: str, schema: pa.Schema = OUTPUT_ARROW_SCHEMA
+) -> pa.Table:
+    """A ``dlq`` row (of ``schema``) for each record that cannot be counted or did not
+    parse, with its reason, its original bytes and where it came from (``offset_column``
+    holds its source offset)."""
     n = len(records)
-    offsets = records[offset_column].to_numpy(dtype="int64")
-    return output_table(
+    offsets = records[offset_column]
+    return schema_rows(
+        schema,
         n,
         kind=[DEAD] * n,
-        reason=records["reason"].tolist(),
-        value=records["value"].tolist(),
-        src_partition=records["src_partition"].to_numpy(dtype="int32"),
+        reason=records["reason"],
+        value=records["value"],
+        src_partition=records["src_partition"],
         src_offset=offsets,
         src_offset_end=offsets,
     )

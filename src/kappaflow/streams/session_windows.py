@@ -49,18 +49,19 @@ from kappaflow.counting.arrow_ipc import (
 from kappaflow.counting.rows import (
     CLOSED,
     CORRECTION,
-    DEAD,
     FINAL,
     LATE,
     PROVISIONAL,
     SHARDS,
     STATS,
+    dead_letter_rows,
 )
 from kappaflow.counting.sessions import decode_ids, fresh_ids, touches
 from kappaflow.errors import WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import WEIGHT, input_name, partial_fields, reduce_groups
 from kappaflow.streams.windowing import (
+    OUTPUT_ARROW_SCHEMA,
     bind_aggregates,
     key_json,
     output_table,
@@ -180,7 +181,7 @@ class SessionAggregator(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         events = pd.concat(list(rows), ignore_index=True)
         if int(key[0]) == DEAD_SHARD:
-            yield _dead_letters(events)
+            yield dead_letter_rows(events, "src_offset", OUTPUT_ARROW_SCHEMA)
             return
         stored = self._stored()
         sessions, expired = self._expire(self._sessions(stored), watermark)
@@ -420,16 +421,3 @@ class SessionAggregator(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-def _dead_letters(records: pd.DataFrame) -> pa.Table:
-    """The records that did not parse, one ``dlq`` row each."""
-    n = len(records)
-    return output_table(
-        n,
-        kind=[DEAD] * n,
-        reason=records["reason"].tolist(),
-        value=records["value"].tolist(),
-        src_partition=records["src_partition"].to_numpy(dtype="int32"),
-        src_offset=records["src_offset"].to_numpy(dtype="int64"),
-    )

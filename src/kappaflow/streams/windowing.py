@@ -50,13 +50,14 @@ from kappaflow.counting.arrow_ipc import (
 from kappaflow.counting.rows import (
     CLOSED,
     CORRECTION,
-    DEAD,
     DEAD_WINDOW,
     FINAL,
     LATE,
     PROVISIONAL,
     SHARDS,
     STATS,
+    dead_letter_rows,
+    schema_rows,
 )
 from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
@@ -218,21 +219,8 @@ def bind_aggregates(
 
 
 def output_table(n: int, **columns: Any) -> pa.Table:
-    """``n`` output rows; columns not given are 0 (numbers), -1 (partition) or null."""
-    arrays: list[pa.Array | pa.ChunkedArray] = []
-    for field in OUTPUT_ARROW_SCHEMA:
-        values = columns.get(field.name)
-        if isinstance(values, pa.ChunkedArray | pa.Array):
-            arrays.append(values.cast(field.type))
-        elif values is not None:
-            arrays.append(pa.array(values, type=field.type))
-        elif field.name == "src_partition":
-            arrays.append(pa.array(np.full(n, -1, dtype="int32")))
-        elif field.type == pa.int64():
-            arrays.append(pa.array(np.zeros(n, dtype="int64")))
-        else:
-            arrays.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
+    """``n`` output rows (OUTPUT_SCHEMA); see counting.rows.schema_rows."""
+    return schema_rows(OUTPUT_ARROW_SCHEMA, n, **columns)
 
 
 class WindowState(NamedTuple):
@@ -283,7 +271,7 @@ class WindowAggregator(StatefulProcessor):
         folded = pa.Table.from_pandas(frame, schema=self.folded, preserve_index=False)
         start = int(key[0])
         if start == DEAD_WINDOW:
-            yield _dead_letters(folded)
+            yield dead_letter_rows(folded, "first_offset", OUTPUT_ARROW_SCHEMA)
             return
         end = start + self.size_ms
         if end + self.lateness_ms <= watermark:
@@ -490,19 +478,6 @@ def _json_texts(values: list[Any]) -> list[str]:
         else json.dumps(v, separators=(",", ":"))
         for v in values
     ]
-
-
-def _dead_letters(folded: pa.Table) -> pa.Table:
-    """The records that did not parse, one ``dlq`` row each (the fold keeps them whole)."""
-    n = folded.num_rows
-    return output_table(
-        n,
-        kind=[DEAD] * n,
-        reason=folded["reason"],
-        value=folded["value"],
-        src_partition=folded["src_partition"],
-        src_offset=folded["first_offset"],
-    )
 
 
 def _fresh(

@@ -109,11 +109,11 @@ class OutputWriter:
         self._results = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        began = time.perf_counter()
+        laps = _Laps()
         target = self.target
         # One action on the batch: everything after works on its Arrow table.
         table = _unpacked(frame.toArrow())
-        spent = {"compute+collect": time.perf_counter() - began}
+        laps.lap("compute+collect")
         kind = table["kind"]
         changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
         records = table.filter(pc.equal(kind, RECORD))
@@ -129,11 +129,11 @@ class OutputWriter:
         }
         watermark = int(pc.max(table["watermark"]).as_py() or 0)
         self._results = changes.num_rows + records.num_rows + len(late) + len(dead)
-        spent["prepare"] = time.perf_counter() - began - sum(spent.values())
+        laps.lap("prepare")
         self._step("before-store", batch_id)
         if self.store is not None and target.redis:
             self.store.apply(target.name, batch_id, changes, stats)
-        spent["redis"] = time.perf_counter() - began - sum(spent.values())
+        laps.lap("redis")
         self._step("after-store", batch_id)
         lake_rows = 0
         if changes.num_rows or records.num_rows:
@@ -141,7 +141,7 @@ class OutputWriter:
             # lake batch: it has nothing to give the table its columns.
             for lake in target.lakes:
                 lake_rows = lake.write(self._lake_frame(frame, records, changes), batch_id)
-        spent["lake"] = time.perf_counter() - began - sum(spent.values())
+        laps.lap("lake")
         self._step("after-lake", batch_id)
         last = self.publisher.committed(target.name)
         if last is None or batch_id > last["batch_id"]:
@@ -166,14 +166,11 @@ class OutputWriter:
             )
             if target.status_dir is not None:
                 _write_status(target.status_dir, target.name, {"batch_id": batch_id, **marker})
-        spent["kafka"] = time.perf_counter() - began - sum(spent.values())
+        laps.lap("kafka")
         self._step("after-kafka", batch_id)
         print(
             f"output {target.name} batch {batch_id}: {table.num_rows} rows, "
-            f"{changes.num_rows} changes, {records.num_rows} records in "
-            f"{time.perf_counter() - began:.2f}s ("
-            + ", ".join(f"{step} {seconds:.2f}s" for step, seconds in spent.items())
-            + ")",
+            f"{changes.num_rows} changes, {records.num_rows} records in {laps}",
             flush=True,
         )
 
@@ -277,6 +274,23 @@ class OutputWriter:
             "value_base64": base64.b64encode(bytes(value)).decode() if value else None,
         }
         return self.target.dlq_topic, None, json.dumps(body).encode()
+
+
+class _Laps:
+    """Where a batch's time went: each lap is the time since the one before."""
+
+    def __init__(self) -> None:
+        self.began = self.last = time.perf_counter()
+        self.spent: dict[str, float] = {}
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.spent[step] = now - self.last
+        self.last = now
+
+    def __str__(self) -> str:
+        steps = ", ".join(f"{step} {seconds:.2f}s" for step, seconds in self.spent.items())
+        return f"{self.last - self.began:.2f}s ({steps})"
 
 
 def _unpacked(table: pa.Table) -> pa.Table:

@@ -201,18 +201,22 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:
-        user = [c for c in stream.df.columns if c not in BOOKKEEPING]
-        good = F.col("_kf_reason").isNull()
-        rows = (
-            stream.parsed if carried else stream.df.withColumn("_kf_reason", F.lit(None))
-        ).select(
-            F.when(good, F.lit("record")).otherwise(F.lit("dlq")).alias("kind"),
-            F.when(good, F.to_json(F.struct(*user))).alias("row"),
-            F.col("_kf_reason").cast("string").alias("reason"),
-            (F.col("_kf_value") if carried else F.lit(None)).cast("binary").alias("value"),
+        row = F.to_json(F.struct(*[c for c in stream.df.columns if c not in BOOKKEEPING]))
+        position = (
             F.col("_kf_partition").alias("src_partition"),
             F.col("_kf_offset").alias("src_offset"),
         )
+        if carried:
+            good = F.col("_kf_reason").isNull()
+            rows = stream.parsed.select(
+                F.when(good, F.lit("record")).otherwise(F.lit("dlq")).alias("kind"),
+                F.when(good, row).alias("row"),
+                F.col("_kf_reason").alias("reason"),
+                F.col("_kf_value").alias("value"),
+                *position,
+            )
+        else:
+            rows = stream.df.select(F.lit("record").alias("kind"), row.alias("row"), *position)
     frame = _shaped(rows)
     if dead_letters and not carried:
         frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))

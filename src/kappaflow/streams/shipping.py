@@ -3,9 +3,12 @@
 The driver imports the user's module from the directory the job was started in; Python
 workers on a cluster's machines have no such directory. Spark ships what
 ``SparkContext.addPyFile`` is given with the job and puts it on every worker's path, so
-kappaflow gives it the user's top-level package (zipped) or module file. Code installed
-in site-packages is not shipped: the workers' environment must have it, as it must have
-kappaflow and PySpark.
+kappaflow gives it the user's top-level package (zipped) or module file. A stateful
+function and its types are also pickled by value (``ship_by_value``), so that they reach
+the workers when their module was never shipped: a test's module, or a job declared in a
+session rather than started by ``kappaflow jobs start``. Code installed in site-packages
+is not shipped: the workers' environment must have it, as it must have kappaflow and
+PySpark.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 
@@ -40,6 +44,23 @@ def ship_user_code(spark: SparkSession, function: Callable[..., Any]) -> Path | 
         shipped = source
     spark.sparkContext.addPyFile(str(shipped))
     return shipped
+
+
+def ship_by_value(*objects: Any) -> None:
+    """Have Spark pickle the modules defining ``objects`` (the user's functions and
+    types) by value, as long as they are the user's: not kappaflow's, PySpark's, an
+    installed package's or ``__main__`` (which Spark pickles by value anyway)."""
+    for obj in objects:
+        name = getattr(obj, "__module__", None) or "builtins"
+        module = sys.modules.get(name)
+        if (
+            module is None
+            or name in ("__main__", "builtins")
+            or name.split(".")[0] in ("kappaflow", "pyspark")
+            or _installed(Path(getattr(module, "__file__", None) or ""))
+        ):
+            continue
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 def _installed(path: Path) -> bool:

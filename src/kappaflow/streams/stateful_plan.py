@@ -10,11 +10,9 @@ events alike, for the runtime to write.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -25,6 +23,7 @@ from kappaflow.errors import (
     ProcessColumnError,
     StatefulOutputTypeError,
 )
+from kappaflow.streams.shipping import ship_by_value
 from kappaflow.streams.stateful import StatefulFunction
 from kappaflow.streams.stateful_run import (
     OFFSET,
@@ -86,7 +85,7 @@ def process_stream(
         output = compile_schema(function.output)
     except KappaflowError as exc:
         raise StatefulOutputTypeError(f"{function.name}: output type: {exc}") from None
-    _ship_by_value(function.function, function.timer, function.state, function.output, record)
+    ship_by_value(function.function, function.timer, function.state, function.output, record)
     source = stream.source
     rows = run_processor(stream.df, function, keys, record, source.watermark_ms, source.lateness_ms)
     typed = (
@@ -133,23 +132,6 @@ def process_stream(
         "by": list(keys),
     }
     return derived
-
-
-def _ship_by_value(*objects: Any) -> None:
-    """Have Spark's Python workers get the user's functions and types by value: the job's
-    module (``alarm.py`` beside the command line, a test module) is not on their path."""
-    for obj in objects:
-        name = getattr(obj, "__module__", None) or "builtins"
-        module = sys.modules.get(name)
-        where = getattr(module, "__file__", None) or ""
-        if (
-            module is None
-            or name in ("__main__", "builtins")
-            or name.split(".")[0] in ("kappaflow", "pyspark")
-            or "-packages" in where
-        ):
-            continue
-        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 def run_processor(

@@ -26,7 +26,7 @@ import kappaflow as kf
 from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.jobs.pipeline import JobContext
-from kappaflow.kafka.topics import create_topic
+from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
 from kappaflow.streams.lake_read import read_arrow
@@ -177,6 +177,49 @@ def test_a_job_with_three_sinks_through_crashes(
         env={"PYTHONPATH": PATH},
     )
     assert "by: ['country'] -> ['buyer']" in error_line(check, "KF735", 1)
+
+
+def test_a_removed_job_begins_from_nothing(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str, tmp_path: Path
+) -> None:
+    """``jobs remove`` forgets the checkpoint, the commit markers, the Redis keys, the lake
+    table and the job's topics; started again, the job publishes, stores and writes its
+    first batch anew (a marker, a stats hash or a manifest left behind would skip it)."""
+    topic = new_topic()
+    first: list[dict[str, Any] | bytes] = [
+        order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z"),
+        b"{not json",
+    ]
+    send_json(serving, topic, first, key="buyer")
+    start(cli, job_name, topic, None, tmp_path / "crash.json")
+    wait_totals(cli, serving, job_name, events=1, dead_letters=1)
+    assert cli("jobs", "stop", job_name).code == 0
+    store = redis.Redis.from_url(serving.redis.effective_url)
+    lake = Path(f"{serving.lake_root}/{job_name}/revenue")
+    checkpoint = Path(serving.checkpoint_location) / job_name
+    owned = {f"{job_name}.{t}" for t in ("revenue", "late", "dlq", "commits")}
+    assert owned <= {t["name"] for t in list_topics(serving.kafka)}
+    assert list(store.scan_iter(f"kf:{job_name}:*")) and lake.is_dir() and checkpoint.is_dir()
+
+    removed = cli("jobs", "remove", job_name)
+
+    assert removed.code == 0, removed.err
+    assert removed.err.endswith("1 lake table and 4 topics\n"), removed.err
+    assert not owned & {t["name"] for t in list_topics(serving.kafka)}
+    assert list(store.scan_iter(f"kf:{job_name}:*")) == []
+    assert not lake.exists() and not checkpoint.exists()
+    assert JobManager(serving).get_state(job_name) == "absent"
+    assert "no job" in error_line(cli("jobs", "remove", job_name), "KF601", 1)
+
+    send_json(serving, topic, [order("o2", "bob", "DE", 5.0, "2026-11-23T10:00:10Z")], key="buyer")
+    start(cli, job_name, topic, None, tmp_path / "crash.json")
+    wait_totals(cli, serving, job_name, events=2, dead_letters=1)
+    assert cli("jobs", "stop", job_name).code == 0
+    [change] = topic_values(serving, f"{job_name}.revenue")
+    assert (change["version"], change["values"]["total"]) == (1, 15.0)
+    assert store.hget(f"kf:{job_name}:revenue:stats", "events") == b"2"
+    rows = read_arrow(str(lake)).to_pylist()
+    assert [(r["version"], r["total"]) for r in rows] == [(1, 15.0)]
 
 
 def _iso(millis: int) -> str:

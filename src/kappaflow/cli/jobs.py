@@ -1,4 +1,5 @@
-"""``kappaflow jobs``: start, list, stop and read the logs of streaming jobs."""
+"""``kappaflow jobs``: start, check, list, stop, remove and read the logs of streaming
+jobs."""
 
 from __future__ import annotations
 
@@ -176,6 +177,33 @@ def stop(ctx: Context, name: str, timeout: float) -> None:
     """Stop job NAME: its queries stop cleanly; SIGKILL after the timeout."""
     record = JobManager(ctx.settings).stop(name, timeout=timeout)
     say(f"job {name} {record.state}")
+
+
+@jobs.command("remove")
+@click.argument("name")
+@pass_context
+def remove(ctx: Context, name: str) -> None:
+    """Forget stopped job NAME: its checkpoint, commit markers, serving-store keys, lake
+    tables and the topics named after it. Started again, NAME begins from nothing."""
+    from kappaflow.counting import lifecycle
+    from kappaflow.streams.removal import remove_job
+
+    record = JobManager(ctx.settings).get(name)
+    if record.pipeline in ("count", "kappaflow.counting.pipeline:PIPELINE"):
+        deleted = lifecycle.remove(ctx.settings, name)
+        say(f"job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
+        return
+    removal = remove_job(ctx.settings, name)
+    say(
+        f"job {name} removed, with its checkpoint, {_count(removal.redis_keys, 'Redis key')}, "
+        f"{_count(len(removal.lakes), 'lake table')} and {_count(len(removal.topics), 'topic')}"
+        + "".join(f"; kept topic {t} (named by a sink)" for t in removal.kept_topics)
+        + "".join(f"; left {at} (not on this machine: delete it there)" for at in removal.left)
+    )
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 @jobs.command("logs")

@@ -103,10 +103,10 @@ def write_atomically(path: Path, text: str) -> None:
     scratch.replace(path)
 
 
-def _local_path(location: str) -> Path | None:
-    """The path a checkpoint location names on this machine (a path, or a ``file:`` URI
-    as Hadoop reads it: the path as written, not percent-decoded); None on another file
-    system."""
+def local_path(location: str) -> Path | None:
+    """The path a location (a checkpoint's, a lake table's) names on this machine (a
+    path, or a ``file:`` URI as Hadoop reads it: the path as written, not
+    percent-decoded); None on another file system."""
     parts = urlsplit(location)
     if not parts.scheme:
         return Path(location)
@@ -261,7 +261,7 @@ class JobManager:
         self.check_stopped(name)
         shutil.rmtree(self.settings.checkpoint_root / name, ignore_errors=True)
         location = f"{self.settings.checkpoint_location.rstrip('/')}/{name}"
-        local = _local_path(location)
+        local = local_path(location)
         if local is not None:
             shutil.rmtree(local, ignore_errors=True)
         shutil.rmtree(self.job_dir(name))

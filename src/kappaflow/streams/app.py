@@ -16,6 +16,7 @@ from kappaflow.streams.backends import KafkaPublisher, RedisStore, commits_topic
 from kappaflow.streams.check import record_plan, verify_restart
 from kappaflow.streams.job import Job
 from kappaflow.streams.lake_fs import HadoopFs
+from kappaflow.streams.removal import job_resources, record_resources
 from kappaflow.streams.runtime import (
     Backends,
     Build,
@@ -73,6 +74,10 @@ def start_app(
     # Redis is reached now, so that a job whose store is down creates nothing.
     store = RedisStore(redis_client(settings), ctx.name) if wants_redis else None
     verify_restart(job, fs, checkpoint_root)
+    # Before anything is created: a removal must find all of it (removal.py).
+    record_resources(
+        settings.jobs_dir / ctx.name, job_resources(job, settings.lake_root, wants_redis)
+    )
     _create_topics(settings, job)
     backends = Backends(
         publisher=KafkaPublisher(settings, ctx.name),

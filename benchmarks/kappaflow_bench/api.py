@@ -93,6 +93,9 @@ class ApiBenchResult:
     runs: list[VariantRun] = field(default_factory=list)
     median_rate: dict[str, float] = field(default_factory=dict)
     ratio_to_builtin: dict[str, float] = field(default_factory=dict)
+    #: Per variant, the median over rounds of its rate over the built-in job's rate in
+    #: the same round: the rounds' drift (the machine's pace moves over minutes) cancels.
+    paired_ratio_median: dict[str, float] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
 
 
@@ -134,6 +137,10 @@ def run(
         result.median_rate[variant] = statistics.median(rates)
     base = result.median_rate["builtin"]
     result.ratio_to_builtin = {v: rate / base for v, rate in result.median_rate.items()}
+    builtin = {r.round: r.rate for r in result.runs if r.variant == "builtin"}
+    for variant in VARIANTS:
+        paired = [r.rate / builtin[r.round] for r in result.runs if r.variant == variant]
+        result.paired_ratio_median[variant] = statistics.median(paired)
     result.machine["load_average_at_end"] = os.getloadavg()
     write_json(out_dir / "result.json", result)
     return result

@@ -66,6 +66,11 @@ def api(ctx: Context, events: int, keys: int, repeat: int, out_dir: Path) -> Non
         for variant in VARIANTS
         if variant != "builtin"
     ]
+    rows += [
+        [f"{name} / builtin, per round", f"{ratio:.1%}", "", "", ""]
+        for name, ratio in result.paired_ratio_median.items()
+        if name != "builtin"
+    ]
     table(
         f"job API benchmark: {result.events:,} events x {result.event_bytes} bytes, "
         f"{result.keys:,} keys",

@@ -32,6 +32,7 @@ class HadoopFs:
     def __init__(self, spark: SparkSession, root: str) -> None:
         jvm: Any = spark._jvm
         self._jvm = jvm
+        self._gateway: Any = spark.sparkContext._gateway
         self._conf: Any = spark._jsc.hadoopConfiguration()
         try:
             self._root: Any = jvm.org.apache.hadoop.fs.Path(root)
@@ -101,9 +102,9 @@ class HadoopFs:
         return bytes(data).decode()
 
     def write_atomically(self, relative: str, text: str) -> None:
-        """Write a whole file that readers see complete or not at all: a hidden temporary
-        file in the same directory, then a rename (atomic on HDFS and local disks; on S3 the
-        copy appears whole)."""
+        """Write a whole file that readers see complete or not at all, in place of any
+        file of that name: a hidden temporary file in the same directory, then a rename
+        (atomic on HDFS and local disks; on S3 the copy appears whole)."""
         directory, _, name = relative.rpartition("/")
         temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp".lstrip("/")
         stream = self._fs.create(self.path(temporary), False)
@@ -111,7 +112,27 @@ class HadoopFs:
             stream.write(bytearray(text.encode()))
         finally:
             stream.close()
-        self.rename(temporary, relative)
+        if self.exists(relative):
+            self._replace(temporary, relative)
+        else:
+            self.rename(temporary, relative)
+
+    def _replace(self, source: str, target: str) -> None:
+        """Rename onto an existing file. ``FileSystem.rename`` refuses that on HDFS (it
+        returns false) where a local disk replaces the file; ``FileContext``'s rename with
+        ``OVERWRITE`` replaces it on both, atomically."""
+        fs = self._jvm.org.apache.hadoop.fs
+        context = fs.FileContext.getFileContext(self._fs.getUri(), self._conf)
+        options = self._gateway.new_array(fs.Options.Rename, 1)
+        options[0] = fs.Options.Rename.OVERWRITE
+        try:
+            context.rename(self.path(source), self.path(target), options)
+        except Py4JJavaError as error:
+            cause = error.java_exception
+            raise LakePublishError(
+                f"the file system refused to replace {self.uri(target)}: "
+                f"{cause.getClass().getSimpleName()}: {cause.getMessage()}"
+            ) from None
 
     def parquet_rows(self, relative: str) -> int:
         """A Parquet file's row count, from its footer only."""

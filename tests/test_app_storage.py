@@ -1,17 +1,78 @@
-"""A job whose sinks cannot be reached (a checkpoint or lake path Spark has no file
-system for, a serving store that does not answer) is refused in one line, before it
-creates or writes anything."""
+"""Where a job keeps its checkpoint and lake: on HDFS as well as on the local disk; and a
+job whose sinks cannot be reached (a checkpoint or lake path Spark has no file system
+for, a serving store that does not answer) is refused in one line, before it creates or
+writes anything."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from conftest import RunCli, error_line, free_port
+from hdfs_cluster import mini_hdfs
+from live_jobs import send_json, topic_values
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
+from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.topics import list_topics
 from kappaflow.settings import Settings
-from test_app_jobs import PATH
+from kappaflow.streams.app import start_app
+from kappaflow.streams.lake_fs import HadoopFs
+from kappaflow.streams.lake_read import read_spark
+from kappaflow.waiting import wait_for
+from revenue import build as revenue
+from test_app_jobs import PATH, order
+
+
+@pytest.fixture(scope="module")
+def hdfs(kafka: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with mini_hdfs(kafka, tmp_path_factory.mktemp("hdfs")) as uri:
+        yield uri
+
+
+def test_a_job_keeps_its_checkpoint_and_lake_on_hdfs(
+    serving: Settings, spark: SparkSession, new_topic: Callable[..., str], hdfs: str
+) -> None:
+    """The revenue job with ``checkpoint_dir`` and ``lake_dir`` on HDFS: its offsets,
+    state and lake commits land there (nothing local), and a restart resumes from them."""
+    settings = serving.model_copy(
+        update={"checkpoint_dir": f"{hdfs}/checkpoints", "lake_dir": f"{hdfs}/lake"}
+    )
+    topic = new_topic()
+    job = f"revenue-{uuid.uuid4().hex[:8]}"
+    context = JobContext(job, {"topic": topic}, spark, settings)
+    changelog, lake = f"{job}.revenue", f"{hdfs}/lake/{job}/revenue"
+    first = order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z")
+    send_json(serving, topic, [first, first], key="buyer")
+    run(start_app(revenue, context), lambda: len(topic_values(serving, changelog)) == 1)
+    checkpoint = HadoopFs(spark, f"{hdfs}/checkpoints/{job}")
+    assert checkpoint.exists("revenue/offsets") and checkpoint.exists("revenue/state")
+    assert checkpoint.exists("revenue.plan.json")
+    assert not (serving.checkpoint_root / job).exists()
+    assert not Path(serving.checkpoint_location, job).exists()
+    assert [(r["version"], r["total"]) for r in read_spark(spark, lake).collect()] == [(1, 10.0)]
+
+    # Restarted, the job resumes from the offsets and state on HDFS: the new order
+    # corrects the window it left (version 2), and o1 is not counted again.
+    second = order("o2", "bob", "DE", 5.0, "2026-11-23T10:00:10Z")
+    send_json(serving, topic, [second], key="buyer")
+    run(start_app(revenue, context), lambda: len(topic_values(serving, changelog)) == 2)
+    changes = topic_values(serving, changelog)
+    assert [(c["version"], c["values"]["total"]) for c in changes] == [(1, 10.0), (2, 15.0)]
+    rows = sorted((r["version"], r["total"]) for r in read_spark(spark, lake).collect())
+    assert rows == [(1, 10.0), (2, 15.0)]
+
+
+def run(queries: list[StreamingQuery], done: Callable[[], bool]) -> None:
+    """Run ``queries`` until ``done``, then stop them."""
+    try:
+        wait_for(lambda: True if done() else None, timeout=120, what="the job's results")
+    finally:
+        for query in queries:
+            query.stop()
 
 
 def test_a_lake_or_checkpoint_without_a_file_system_is_refused(

@@ -31,6 +31,7 @@ from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.waiting import wait_for
+from revenue import build as revenue
 
 SUPPORT = REPO / "tests" / "support"
 EXAMPLES = REPO / "examples"
@@ -180,11 +181,17 @@ def test_a_job_with_three_sinks_through_crashes(
 
 
 def test_a_removed_job_begins_from_nothing(
-    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str, tmp_path: Path
+    cli: RunCli,
+    serving: Settings,
+    spark: SparkSession,
+    new_topic: Callable[..., str],
+    job_name: str,
+    tmp_path: Path,
 ) -> None:
     """``jobs remove`` forgets the checkpoint, the commit markers, the Redis keys, the lake
-    table and the job's topics; started again, the job publishes, stores and writes its
-    first batch anew (a marker, a stats hash or a manifest left behind would skip it)."""
+    table and the job's topics; started again (here in the test's Spark session), the job
+    publishes, stores and writes its first batch anew (a marker, a stats hash or a
+    manifest left behind would skip it)."""
     topic = new_topic()
     first: list[dict[str, Any] | bytes] = [
         order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z"),
@@ -212,9 +219,16 @@ def test_a_removed_job_begins_from_nothing(
     assert "no job" in error_line(cli("jobs", "remove", job_name), "KF601", 1)
 
     send_json(serving, topic, [order("o2", "bob", "DE", 5.0, "2026-11-23T10:00:10Z")], key="buyer")
-    start(cli, job_name, topic, None, tmp_path / "crash.json")
-    wait_totals(cli, serving, job_name, events=2, dead_letters=1)
-    assert cli("jobs", "stop", job_name).code == 0
+    queries = start_app(revenue, JobContext(job_name, {"topic": topic}, spark, serving))
+    try:
+        wait_for(
+            lambda: topic_values(serving, f"{job_name}.revenue") or None,
+            timeout=120,
+            what="the first change of the job started again",
+        )
+    finally:
+        for query in queries:
+            query.stop()
     [change] = topic_values(serving, f"{job_name}.revenue")
     assert (change["version"], change["values"]["total"]) == (1, 15.0)
     assert store.hget(f"kf:{job_name}:revenue:stats", "events") == b"2"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -264,3 +265,40 @@ def test_the_fast_path_settles_every_good_record_and_no_bad_one(spark: SparkSess
     rows = parsing._fast_path(raw_frame(spark, values), nodes).select("offset", "_kf_settled")
     settled = [r["_kf_settled"] for r in sorted(rows.collect())]
     assert settled == [True] * len(GOOD_CASES) + [False] * len(BAD)
+
+
+@dataclass
+class Visit:
+    page: str | int
+    at: EventTime
+    ref: str | float | None = None
+
+
+def test_a_text_field_takes_a_string_or_a_number_as_text(spark: SparkSession) -> None:
+    values = [
+        b'{"page": "/a", "at": 1, "ref": 4.50}',
+        b'{"page": 42, "at": 1, "ref": null}',
+        b'{"page": 1e3, "at": 1}',
+        b'{"page": true, "at": 1}',
+        b'{"page": {"x": 1}, "at": 1}',
+        b'{"page": 7, "at": 1, "ref": [1]}',
+        b'{"at": 1}',
+    ]
+    raw = raw_frame(spark, values)
+    schema = compile_schema(Visit)
+    rows = sorted(
+        parse_records(raw, schema, time="at", keys=["page"]).collect(),
+        key=lambda r: r["_kf_offset"],
+    )
+    assert [(r["page"], r["ref"], r["_kf_reason"]) for r in rows] == [
+        ("/a", "4.5", None),
+        ("42", None, None),
+        ("1000.0", None, None),
+        (None, None, "key field 'page' is not a string or a number"),
+        (None, None, "key field 'page' is not a string or a number"),
+        (None, None, "field 'ref' is not a string or a number"),
+        (None, None, "missing key field 'page'"),
+    ]
+    nodes = parsing._nodes(schema, time="at", keys=["page"], id=None)
+    settled = parsing._fast_path(raw, nodes).select("offset", "_kf_settled").collect()
+    assert [r["_kf_settled"] for r in sorted(settled)] == [True] * 3 + [False] * 4

@@ -156,7 +156,7 @@ class WithAny:
 
 @dataclass
 class WithUnion:
-    id: int | str
+    id: str | bool
 
 
 @dataclass
@@ -207,7 +207,7 @@ class Unresolved:
         (WithSet, "KF701", "WithSet.tags: type set[str] is not supported"),
         (WithTuple, "KF701", "WithTuple.pair: type tuple[int, int] is not supported"),
         (WithAny, "KF701", "WithAny.blob: type Any is not supported"),
-        (WithUnion, "KF701", "WithUnion.id: type int | str (a union other than T | None)"),
+        (WithUnion, "KF701", "WithUnion.id: type str | bool (a union other than T | None)"),
         (WithBareList, "KF701", "WithBareList.items: type list (a list without its element"),
         (Loop, "KF701", "Loop.next: type Loop (a recursive record type)"),
         (PWithDict, "KF701", "PWithDict.tags: type dict[str, str] is not supported"),
@@ -242,3 +242,19 @@ def test_a_default_of_none_makes_a_field_optional() -> None:
         a: int = dataclasses.field(default=None)  # type: ignore[assignment]
 
     assert compile_schema(Defaults).fields[0].optional
+
+
+def test_a_string_or_number_union_is_text() -> None:
+    @dataclass
+    class Keyed:
+        store: str | int
+        code: float | str | None
+        both: str | int | float
+
+    fields = {f.name: (f.kind, f.optional) for f in compile_schema(Keyed).fields}
+    assert fields == {
+        "store": ("text", False),
+        "code": ("text", True),
+        "both": ("text", False),
+    }
+    assert compile_schema(Keyed).struct["store"].dataType == StringType()

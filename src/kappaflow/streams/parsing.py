@@ -5,13 +5,14 @@ it does not fit (``_kf_reason``), naming the field path and the problem, so it c
 the dead-letter topic with its original bytes, topic, partition and offset.
 
 The fast path parses each record once with ``from_json`` against a *checking* schema:
-the record type with ints as BIGINT, floats as DOUBLE, booleans as BOOLEAN, strings as
-VARIANT, timestamps as STRING, plus a corrupt-record column. In Spark 4.3 a value of the
-wrong type does not fail the record: ``from_json`` returns the other fields (partial
-results) and a null for the bad one, which would be a silent null. But it also fills the
-corrupt column with the whole record, so one null check settles every int, float,
-boolean, array and object mismatch, at any depth (a fraction or an int too large for a
-long, "123" for an int, "NaN" for a float, 5 for an object). What it does not reject:
+the record type with ints as BIGINT, floats as DOUBLE, booleans as BOOLEAN, strings (and
+``str | int`` text) as VARIANT, timestamps as STRING, plus a corrupt-record column. In
+Spark 4.3 a value of the wrong type does not fail the record: ``from_json`` returns the
+other fields (partial results) and a null for the bad one, which would be a silent null.
+But it also fills the corrupt column with the whole record, so one null check settles
+every int, float, boolean, array and object mismatch, at any depth (a fraction or an int
+too large for a long, "123" for an int, "NaN" for a float, 5 for an object). What it does
+not reject:
 
 * any JSON value for a STRING field (a number becomes its text): so strings are read as
   variants, and settled when ``schema_of_variant`` says STRING (a header check). Reading
@@ -77,6 +78,7 @@ _PROBLEMS: dict[Kind, str] = {
     "int": "is not an integer",
     "float": "is not a number",
     "str": "is not a string",
+    "text": "is not a string or a number",
     "bool": "is not a boolean",
     "array": "is not an array",
     "object": "is not an object",
@@ -225,13 +227,14 @@ def _fast_type(field: Field) -> DataType:
         "float": DoubleType(),
         "bool": BooleanType(),
         "str": VariantType(),
+        "text": VariantType(),
     }
     return scalars.get(field.kind, StringType())
 
 
 def _converts(field: Field) -> bool:
     """Whether the field's value differs from its fast-path parse (it holds a timestamp)."""
-    if field.kind in ("timestamp", "event_time", "str"):
+    if field.kind in ("timestamp", "event_time", "str", "text"):
         return True
     return any(_converts(f) for f in (*field.fields, *filter(None, [field.element])))
 
@@ -244,7 +247,8 @@ def _typed(field: Field, raw: Column) -> Column:
         return F.when(raw.rlike(_EPOCH_MS), F.timestamp_millis(raw.cast("bigint"))).when(
             raw.rlike(_ISO), F.try_to_timestamp(raw)
         )
-    if field.kind == "str":
+    if field.kind in ("str", "text"):
+        # For a ``text`` field, a number's text is Spark's: 42, 4.5, 1000.0 (for 1e3).
         return F.try_variant_get(raw, "$", "string")
     if not _converts(field):
         return raw
@@ -258,10 +262,11 @@ def _typed(field: Field, raw: Column) -> Column:
 
 def _settled(node: _Node, raw: Column, typed: Column | None) -> Column | None:
     """Whether the fast path settles this field (None: always); see the module docstring."""
-    if node.field.kind == "str":
+    if node.field.kind in ("str", "text"):
         # A variant: JSON null is the variant null (VOID), not SQL null.
         t = F.schema_of_variant(raw)
-        return t == "STRING" if node.required else raw.isNull() | t.isin("STRING", "VOID")
+        fits = t == "STRING" if node.field.kind == "str" else (t == "STRING") | t.rlike(_NUMBER)
+        return fits if node.required else raw.isNull() | (t == "VOID") | fits
     ok = _ok(node, raw, typed)
     if node.required:
         return raw.isNotNull() if ok is None else raw.isNotNull() & ok
@@ -376,6 +381,7 @@ def _kind_ok(field: Field, v: Column, t: Column) -> Column:
         "int": t.rlike(_INTEGER),
         "float": t.rlike(_NUMBER),
         "str": t == "STRING",
+        "text": (t == "STRING") | t.rlike(_NUMBER),
         "bool": t == "BOOLEAN",
         "array": t.startswith("ARRAY"),
         "object": t.startswith("OBJECT"),

@@ -9,6 +9,7 @@ A source's records are declared as a dataclass or a pydantic model::
         amount: float
         items: list[Item]
         note: str | None = None
+        store: str | int  # a string, or a number read as its text
 
 ``compile_schema(Order)`` turns it into a ``RecordSchema``: the Spark ``StructType`` of
 the parsed record and a tree of ``Field`` nodes (kind, required or optional) that
@@ -60,10 +61,15 @@ _EVENT_TIME = _EventTimeMarker()
 #: JSON integer or a string of digits) or an ISO-8601 timestamp with a zone.
 EventTime = Annotated[datetime, _EVENT_TIME]
 
-Kind = Literal["int", "float", "str", "bool", "timestamp", "event_time", "array", "object"]
+Kind = Literal["int", "float", "str", "text", "bool", "timestamp", "event_time", "array", "object"]
 
 _SCALARS: dict[type, Kind] = {int: "int", float: "float", str: "str", bool: "bool"}
-_SUPPORTED = "int, float, str, bool, datetime, EventTime, list[T], a dataclass or pydantic model"
+_SUPPORTED = (
+    "int, float, str, str | int (a string or a number, as text), bool, datetime, EventTime, "
+    "list[T], a dataclass or pydantic model"
+)
+#: The unions that read a string or a number as text: ``str | int``, ``str | float``...
+_TEXT_UNIONS = ({str, int}, {str, float}, {str, int, float})
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ _SPARK_TYPES: dict[str, DataType] = {
     "int": LongType(),
     "float": DoubleType(),
     "str": StringType(),
+    "text": StringType(),
     "bool": BooleanType(),
     "timestamp": TimestampType(),
     "event_time": TimestampType(),
@@ -208,6 +215,8 @@ def _field(name: str, tp: Any, where: str, stack: tuple[type, ...], top: bool) -
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if set(args) in _TEXT_UNIONS:
+            return Field(name, "text", len(args) < len(typing.get_args(tp)))
         if len(args) != 1:
             raise _unsupported(where, tp, "a union other than T | None")
         optional, tp, origin = True, args[0], typing.get_origin(args[0])

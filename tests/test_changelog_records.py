@@ -84,7 +84,12 @@ def test_the_store_holds_final_values_and_drops_retracted_windows() -> None:
     }
 
     store = MemoryStore()
-    store.apply("o", 0, changes(['["d"]'], values=['{"n":9}']), {"events": 1})
-    store.apply("o", 1, table, {"events": 4})
+    first = changes(['["d"]'], values=['{"n":9}'])
+    store.apply("o", 0, first, {"events": 1}, START + MINUTE, {START: 1})
+    store.apply("o", 1, table, {"events": 4}, START, {START: 3, START + MINUTE: 2})
+    # The batch again, and a batch whose state forgot the window START.
+    store.apply("o", 1, table, {"events": 4}, START + 2 * MINUTE, {START: 3})
+    store.apply("o", 2, changes([]), {"events": 0}, START, {START: -4})
     assert sorted(k for k, _ in store.windows["o"]) == ['["a"]', '["b"]', '["c"]']
-    assert store.stats["o"] == {"events": 5}
+    assert store.stats["o"] == {"events": 5, "watermark": START + MINUTE}
+    assert store.open["o"] == {START + MINUTE: 2}

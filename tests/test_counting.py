@@ -23,7 +23,6 @@ from conftest import Result, RunCli, error_line, run_kappaflow
 from faults import CRASH_AT, CRASH_RECORD
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
-from kappaflow.counting.sink import STEPS
 from kappaflow.counting.spec import QUERY, CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobState
@@ -32,6 +31,7 @@ from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import list_topics, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.checkpoint import committed, offsets_consumed
+from kappaflow.streams.writer import STEPS
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 
@@ -91,8 +91,19 @@ def stats(settings: Settings, job: str) -> CountStats:
 
 
 def changelog(settings: Settings, job: str) -> list[dict[str, Any]]:
-    """The changelog as a read_committed consumer sees it."""
-    return topic_values(settings, f"{job}.counts")
+    """The changelog as a read_committed consumer sees it, each change as its key, window,
+    count and previous count (0 for none: a window's first change, or a retraction)."""
+    return [
+        {
+            "key": c["page"],
+            "window_start": c["window_start"],
+            "count": (c["values"] or {"count": 0})["count"],
+            "previous": (c["previous"] or {"count": 0})["count"],
+            "kind": c["kind"],
+            "version": c["version"],
+        }
+        for c in topic_values(settings, f"{job}.counts")
+    ]
 
 
 def uncommitted_values(settings: Settings, topic: str) -> list[bytes]:
@@ -297,7 +308,7 @@ def start_with_crash(
 
 # A crash before a batch writes anything re-runs it like any other; the steps after a
 # write are where exactly-once could break.
-@pytest.mark.parametrize("step", [s for s in STEPS if s != "before-redis"])
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "before-store"])
 def test_a_crash_changes_nothing(
     cli: RunCli,
     serving: Settings,
@@ -371,7 +382,7 @@ def test_a_restarted_job_fences_off_its_predecessors_producer(
     values = events(10)
     send(serving, source, values)
     stalled = Producer(
-        {**serving.kafka.client_config(), "transactional.id": f"kappaflow.count.{job_name}"}
+        {**serving.kafka.client_config(), "transactional.id": f"kappaflow.job.{job_name}"}
     )
     stalled.init_transactions(30)
     stalled.begin_transaction()
@@ -538,9 +549,9 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
         latest: dict[tuple[str, int], int] = {}
         for m in read_records(serving.kafka, f"{job_name}.counts", start=StartAt(beginning=True)):
             value = json.loads(m.value() or b"{}")
-            if value["mode"] == "realtime":
-                window = (value["key"], int(json.loads(m.key() or b"[]")[1]))
-                latest[window] = max(latest.get(window, 0), value["count"])
+            if value.get("mode") == "realtime":
+                window = (value["page"], int(json.loads(m.key() or b"[]")[1]))
+                latest[window] = max(latest.get(window, 0), value["values"]["count"])
         return latest if latest == want else None
 
     wait_for(realtime_counts, timeout=120, what="real-time counts to match")
@@ -548,8 +559,10 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
     partitions: defaultdict[bytes, set[tuple[str, int | None]]] = defaultdict(set)
     for m in records:
         value = json.loads(m.value() or b"{}")
-        partitions[m.key() or b""].add((value["mode"], m.partition()))
-        if value["mode"] == "realtime":
+        # The micro-batch path's records name their batch; the real-time ones their mode.
+        mode = value.get("mode", "micro-batch" if "batch" in value else None)
+        partitions[m.key() or b""].add((mode, m.partition()))
+        if mode == "realtime":
             assert value["kind"] == "provisional" and value["latest_event"]
     for key, seen in partitions.items():
         modes = {mode for mode, _ in seen}
@@ -628,7 +641,7 @@ def test_session_windows(
     assert retracted and all(c["kind"] == "correction" and c["key"] == "/a" for c in retracted)
     assert ("/a", 1) in [(c["key"], c["previous"]) for c in retracted]  # the 14 s session
     status = json.loads(cli("count", "status", job_name).out)
-    assert status["window_keys"] == 2 and status["events_read"] == 9
+    assert status["events_read"] == 9
     from_state = {
         (r["key"], r["count"])
         for r in map(json.loads, cli("counts", job_name, "--from-state").lines())

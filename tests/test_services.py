@@ -24,11 +24,11 @@ from conftest import (
 
 from kappaflow import __version__, services
 from kappaflow.counting.spec import CountSpec
-from kappaflow.counting.store import CountStore
 from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
+from kappaflow.streams.backends import RedisStore
 
 # Starts services of its own.
 pytestmark = pytest.mark.integration
@@ -173,13 +173,16 @@ def test_redis_commands_and_the_global_flags(own: Settings, tmp_path: Path) -> N
         home = JobManager(own.model_copy(update={"state_dir": other})).job_dir("views")
         home.mkdir(parents=True)
         JobRecord(name="views", pipeline="count", params=spec.to_params()).save(home / "job.json")
-        window = {"key": ["/a"], "window_start": [0], "window_end": [60_000], "count": [3]}
-        CountStore(redis.Redis.from_url(url), "views").apply(
+        window = {"key": ['["/a"]'], "window_start": [0], "window_end": [60_000]}
+        RedisStore(redis.Redis.from_url(url), "views").apply(
+            "counts",
             0,
-            pa.table({**window, "version": [1], "final": [True]}),
+            pa.table({**window, "kind": ["final"], "values": ['{"count":3}'], "version": [2],
+                      "watermark": [60_000]}),
+            {"events": 3},
+            60_000,
             {},
-            {"counted": 3, "duplicates": 0, "late": 0, "dead_letters": 0, "watermark": 0},
-        )
+        )  # fmt: skip
         counted = external("counts", "views")
         assert counted.code == 0, counted.err
         assert [json.loads(line)["count"] for line in counted.lines()] == [3]

@@ -5,7 +5,7 @@ Not part of kappaflow. A job runs it only when started with ``--pipeline
 faults:COUNT_WITH_CRASH`` (the counting pipeline) or ``faults:REVENUE_WITH_CRASH`` (the
 revenue example, a job on the job API with Kafka, Redis and lake sinks) and this
 directory on the driver's PYTHONPATH; ``CRASH_AT`` (``STEP:N``) names the step
-(counting/sink.py or streams/writer.py STEPS) and the first batch id at which to crash,
+(streams/writer.py STEPS) and the first batch id at which to crash,
 in a batch that publishes something; the driver writes the step and the batch id it
 crashed in to the file ``CRASH_RECORD`` names, then SIGKILLs itself.
 """
@@ -20,20 +20,21 @@ from pathlib import Path
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.counting import pipeline as counting
-from kappaflow.counting.sink import STEPS
 from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.streams.app import start_app
-from kappaflow.streams.writer import STEPS as APP_STEPS
+from kappaflow.streams.writer import STEPS
 
 CRASH_AT = "KAPPAFLOW_FAULT_CRASH_AT"
 CRASH_RECORD = "KAPPAFLOW_FAULT_RECORD"
 
 
-def _crash(step: str, batch_id: int, outputs: int) -> None:
+def _crash(step: str, output: str, batch_id: int, results: int) -> None:
     wanted, _, first = os.environ[CRASH_AT].partition(":")
     assert wanted in STEPS, f"unknown step {wanted!r}"
-    if step == wanted and batch_id >= int(first) and outputs > 0:
-        Path(os.environ[CRASH_RECORD]).write_text(json.dumps({"step": step, "batch": batch_id}))
+    if step == wanted and batch_id >= int(first) and results > 0:
+        Path(os.environ[CRASH_RECORD]).write_text(
+            json.dumps({"step": step, "batch": batch_id, "output": output})
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -44,20 +45,10 @@ def _start(ctx: JobContext) -> list[StreamingQuery]:
 COUNT_WITH_CRASH = Pipeline(start=_start, parts=counting.parts)
 
 
-def _crash_app(step: str, output: str, batch_id: int, results: int) -> None:
-    wanted, _, first = os.environ[CRASH_AT].partition(":")
-    assert wanted in APP_STEPS, f"unknown step {wanted!r}"
-    if step == wanted and batch_id >= int(first) and results > 0:
-        Path(os.environ[CRASH_RECORD]).write_text(
-            json.dumps({"step": step, "batch": batch_id, "output": output})
-        )
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _start_revenue(ctx: JobContext) -> list[StreamingQuery]:
     from revenue import build
 
-    return start_app(build, ctx, on_step=_crash_app)
+    return start_app(build, ctx, on_step=_crash)
 
 
 REVENUE_WITH_CRASH = Pipeline(start=_start_revenue)

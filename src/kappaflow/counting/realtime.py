@@ -6,7 +6,7 @@ count, in real-time mode (long-running tasks that process each record as it arri
 Spark 4.3), written to ``NAME.counts`` as soon as a count changes. These
 records have ``"mode": "realtime"``: they are early previews, at least once, without
 ``--id`` dedup, and an event behind that query's watermark is simply not in them. The
-micro-batch path stays the authority: its records (``"mode": "micro-batch"``) are the
+micro-batch path stays the authority: its records (those with a ``batch``) are the
 exactly-once, deduplicated, corrected and final counts, and the only ones in Redis.
 
 Real-time mode runs every stage of the query at once, each task holding a slot for the
@@ -42,7 +42,8 @@ def spark_settings(settings: Settings, partitions: int) -> SettingsOverrides:
 
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
-    """Kafka records → changelog records (``key``, ``value``) of windowed counts."""
+    """Kafka records → changelog records (``key``, ``value``) of windowed counts, shaped
+    as the micro-batch path's (streams/writer.py ``changelog_records``), with ``mode``."""
     events = (
         assign_windows(parse_events(raw, spec), spec)
         .where(F.col("reason").isNull())
@@ -56,10 +57,10 @@ def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
         record_key().alias("key"),
         F.to_json(
             F.struct(
-                F.col("key"),
+                F.col("key").alias(spec.key_field),
                 _iso(F.col("window_start")).alias("window_start"),
                 _iso(F.col("window_end")).alias("window_end"),
-                F.col("count"),
+                F.struct(F.col("count")).alias("values"),
                 F.lit("provisional").alias("kind"),
                 F.lit("realtime").alias("mode"),
                 _iso(F.col("latest")).alias("latest_event"),
@@ -70,7 +71,7 @@ def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
 
 def record_key() -> Column:
     """``["key", start_ms]`` from columns ``key`` and ``window_start``: byte for byte the
-    key of the micro-batch path's records (``json.dumps(..., ensure_ascii=False)``), so
+    key of the micro-batch path's records (streams/writer.py ``changelog_records``), so
     both land in the same partition."""
     quoted = "to_json(array(key))"
     return F.expr(

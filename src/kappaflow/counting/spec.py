@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import re
+import keyword
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from kappaflow.errors import ConflictingOptionsError, InvalidFieldError, InvalidWindowError
 from kappaflow.timeutil import parse_duration
 
-_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-
 #: The part of a ``--realtime`` job that runs the real-time query in a driver process of
 #: its own (pipelines.base.Part, counting/pipeline.py).
 REALTIME_PART = "realtime"
-#: The counting query's name below the job's checkpoint directory.
-QUERY = "count"
+#: The counting query's checkpoint below the job's checkpoint directory: its output's
+#: name (job.py OUTPUT).
+QUERY = "counts"
 
 
 @dataclass(frozen=True)
@@ -40,8 +39,11 @@ class CountSpec:
             ("--time", self.time_field),
             ("--id", self.id_field),
         ):
-            if value is not None and not _FIELD.match(value):
-                raise InvalidFieldError(f"{label} {value!r} is not a field name")
+            if value is not None and not _is_field_name(value):
+                raise InvalidFieldError(
+                    f"{label} {value!r} is not a field name: use letters, digits and '_' "
+                    "(not a Python keyword)"
+                )
         if (self.window_ms is None) == (self.session_gap_ms is None):
             raise ConflictingOptionsError("give exactly one of --window and --session-gap")
         if self.session_gap_ms is not None and self.session_gap_ms <= 0:
@@ -85,6 +87,11 @@ class CountSpec:
             else:
                 values[key] = value
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _is_field_name(text: str) -> bool:
+    """A top-level field a counting job's record type can have (counting/job.py)."""
+    return text.isidentifier() and not keyword.iskeyword(text)
 
 
 def duration_ms(text: str | None) -> int | None:

@@ -1,18 +1,26 @@
 """Reading a counting job's own state through Spark's state data source.
 
 For debugging, and for checking the serving store against the state: this reads what
-the job's checkpoint holds for its last committed batch, without disturbing the job.
+the job's checkpoint holds for its last committed batch, without disturbing the job. A
+counting job's state is its ``counts`` aggregate's (streams/windowing.py for fixed
+windows, streams/session_windows.py for sessions): per window and shard, or per shard
+of keys, an Arrow table of every key's partials and version.
 """
 
 from __future__ import annotations
 
-from kappaflow.counting.sessions import decode_sessions
+import json
+
+import pyarrow as pa
+
+import kappaflow as kf
+from kappaflow.counting.arrow_ipc import table_from_ipc
 from kappaflow.counting.spec import QUERY, CountSpec
 from kappaflow.counting.store import WindowCount
-from kappaflow.counting.windows import decode_counts
 from kappaflow.errors import NoCommittedStateError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
+from kappaflow.streams.windowing import values_json
 
 
 def read_state(settings: Settings, job: str) -> list[WindowCount]:
@@ -34,31 +42,30 @@ def read_state(settings: Settings, job: str) -> list[WindowCount]:
     windows: list[WindowCount] = []
     for row in frame.collect():
         if sessions:
-            held = decode_sessions(row["value"]["sessions"]).to_dict("records")
-            windows.extend(
-                WindowCount(
-                    str(s["key"]),
-                    int(s["start"]),
-                    int(s["end"]),
-                    int(s["count"]),
-                    int(s["version"]),
-                    bool(s["final"]),
-                )
-                for s in held
-            )
-            continue
-        start = int(row["key"]["window_start"])
-        counts = decode_counts(row["value"]["counts"])
-        final = bool(row["value"]["final"])
+            held = table_from_ipc(row["value"]["sessions"])
+            starts, ends = held["start"].to_pylist(), held["end"].to_pylist()
+            finals = held["final"].to_pylist()
+        else:
+            held = table_from_ipc(row["value"]["partials"])
+            start = int(row["key"]["window_start"])
+            starts = [start] * held.num_rows
+            ends = [start + spec.size_ms] * held.num_rows
+            finals = [bool(row["value"]["final"])] * held.num_rows
         windows.extend(
-            WindowCount(
-                str(name),
-                start,
-                start + spec.size_ms,
-                int(values["count"]),
-                int(values["version"]),
-                final,
+            WindowCount(json.loads(key)[0], start, end, count, version, final)
+            for key, start, end, count, version, final in zip(
+                held["key"].to_pylist(),
+                starts,
+                ends,
+                _counts(held),
+                held["version"].to_pylist(),
+                finals,
+                strict=True,
             )
-            for name, values in counts.iterrows()
         )
     return sorted(windows, key=lambda w: (w.key, w.window_start))
+
+
+def _counts(held: pa.Table) -> list[int]:
+    """Each held key's count, from its partials as the job computes it."""
+    return [json.loads(text)["count"] for text in values_json(["count"], [kf.count()], held)]

@@ -42,7 +42,7 @@ def count_status(settings: Settings, record: JobRecord) -> dict[str, Any]:
     jobs = JobManager(settings)
     name = record.name
     stats = CountStore(redis_client(settings), name).stats()
-    progress = jobs.progress(name).get(name) or {}
+    progress = jobs.progress(name).get(f"{name}.{QUERY}") or {}
     operators = progress.get("stateOperators") or [{}]
     parts = {}
     if CountSpec.from_params(record.params).realtime:

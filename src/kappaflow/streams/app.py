@@ -51,9 +51,14 @@ class KafkaReader:
 
 
 def start_app(
-    build: Build, ctx: JobContext, on_step: StepHook | None = None
+    build: Build,
+    ctx: JobContext,
+    on_step: StepHook | None = None,
+    *,
+    available_now: bool = False,
 ) -> list[StreamingQuery]:
-    """Declare the job with ``build`` and start its outputs' queries."""
+    """Declare the job with ``build`` and start its outputs' queries (``available_now``:
+    they read what the sources hold now, then stop)."""
     settings = ctx.settings
     reader = KafkaReader(settings)
     ship_user_code(ctx.spark, build)
@@ -87,7 +92,7 @@ def start_app(
         status_dir=settings.jobs_dir.resolve() / ctx.name / "outputs",
     )
     record_plan(job, fs)
-    return start_outputs(job, reader, backends, on_step=on_step)
+    return start_outputs(job, reader, backends, on_step=on_step, available_now=available_now)
 
 
 def _create_topics(settings: Settings, job: Job) -> None:

@@ -54,10 +54,20 @@ class Publisher(Protocol):
 
 
 class ResultStore(Protocol):
-    def apply(self, output: str, batch_id: int, changes: pa.Table, stats: dict[str, int]) -> None:
+    def apply(
+        self,
+        output: str,
+        batch_id: int,
+        changes: pa.Table,
+        stats: dict[str, int],
+        watermark: int,
+        held: dict[int, int],
+    ) -> None:
         """Each change's values under its key and window (``changes`` has the columns
         ``kind``, ``key``, ``window_start``, ``window_end``, ``values``, ``version`` and
-        ``watermark``, in order); ``stats`` added once per batch."""
+        ``watermark``, in order); once per batch, ``stats`` added, the batch's
+        ``watermark`` (epoch ms) kept if it is the highest yet, and ``held`` (window
+        start → change in the keys the state holds for it) added to the open windows."""
         ...
 
 
@@ -155,12 +165,21 @@ for i = 2, #ARGV, 3 do
 end
 return (#ARGV - 1) / 3
 """
-# Adds a batch's statistics once. ARGV: the stats key, batch id, then name/value pairs.
+# Adds a batch's statistics once. ARGV: the stats key, batch id, watermark, the open
+# windows' key, their changes (JSON: window start → keys held), then name/value pairs.
 _STATS = """
 local last = tonumber(redis.call('HGET', ARGV[1], 'batch') or '-1')
 if tonumber(ARGV[2]) <= last then return 0 end
-for i = 3, #ARGV, 2 do redis.call('HINCRBY', ARGV[1], ARGV[i], ARGV[i + 1]) end
+for i = 6, #ARGV, 2 do redis.call('HINCRBY', ARGV[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', ARGV[1], 'batch', ARGV[2])
+if tonumber(ARGV[3]) > tonumber(redis.call('HGET', ARGV[1], 'watermark') or '0') then
+  redis.call('HSET', ARGV[1], 'watermark', ARGV[3])
+end
+for window, delta in pairs(cjson.decode(ARGV[5])) do
+  if redis.call('HINCRBY', ARGV[4], window, delta) <= 0 then
+    redis.call('HDEL', ARGV[4], window)
+  end
+end
 return 1
 """
 _CHUNK = 10_000
@@ -174,7 +193,10 @@ def redis_prefix(job: str, output: str) -> str:
 class RedisStore:
     """An output's windows in Redis: ``kf:JOB:OUTPUT:w:KEY`` (a hash: window start →
     ``{"end", "values", "version", "final"}``), ``kf:JOB:OUTPUT:keys`` and
-    ``kf:JOB:OUTPUT:stats``."""
+    ``kf:JOB:OUTPUT:stats`` (events, duplicates, late, dead_letters: running totals;
+    ``batch``: the last batch applied; ``watermark``: the highest, epoch ms) and
+    ``kf:JOB:OUTPUT:open`` (window start → keys the state still holds for it; a session
+    aggregate counts its sessions under ``-2``)."""
 
     def __init__(self, client: redis_lib.Redis, job: str) -> None:
         self.client = client
@@ -182,17 +204,26 @@ class RedisStore:
         self._write = client.register_script(_WRITE)
         self._stats = client.register_script(_STATS)
 
-    def apply(self, output: str, batch_id: int, changes: pa.Table, stats: dict[str, int]) -> None:
+    def apply(
+        self,
+        output: str,
+        batch_id: int,
+        changes: pa.Table,
+        stats: dict[str, int],
+        watermark: int,
+        held: dict[int, int],
+    ) -> None:
         prefix = redis_prefix(self.job, output)
-        keys, starts, held = stored_windows(changes)
+        keys, starts, texts = stored_windows(changes)
         for low in range(0, len(keys), _CHUNK):
             items: list[str] = [prefix]
             end = low + _CHUNK
-            for item in zip(keys[low:end], starts[low:end], held[low:end], strict=True):
+            for item in zip(keys[low:end], starts[low:end], texts[low:end], strict=True):
                 items += item
             self._write(args=items)
         pairs = [str(x) for name, value in sorted(stats.items()) for x in (name, value)]
-        self._stats(args=[prefix + "stats", batch_id, *pairs])
+        opened = json.dumps({str(w): n for w, n in held.items() if n})
+        self._stats(args=[prefix + "stats", batch_id, watermark, prefix + "open", opened, *pairs])
 
 
 def stored_windows(changes: pa.Table) -> tuple[list[str], list[str], list[str]]:
@@ -230,18 +261,34 @@ class MemoryStore:
 
     windows: dict[str, dict[tuple[str, int], dict[str, Any]]] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per output, window start → keys its state holds (sessions: all under one entry).
+    open: dict[str, dict[int, int]] = field(default_factory=dict)
     applied: dict[str, int] = field(default_factory=dict)
 
-    def apply(self, output: str, batch_id: int, changes: pa.Table, stats: dict[str, int]) -> None:
-        held = self.windows.setdefault(output, {})
+    def apply(
+        self,
+        output: str,
+        batch_id: int,
+        changes: pa.Table,
+        stats: dict[str, int],
+        watermark: int,
+        held: dict[int, int],
+    ) -> None:
+        windows = self.windows.setdefault(output, {})
         for key, start, text in zip(*stored_windows(changes), strict=True):
             window = (key, int(start))
             if not text:  # a retracted session
-                held.pop(window, None)
+                windows.pop(window, None)
             else:
-                held[window] = json.loads(text)
+                windows[window] = json.loads(text)
         if batch_id > self.applied.get(output, -1):
             totals = self.stats.setdefault(output, {})
             for name, value in stats.items():
                 totals[name] = totals.get(name, 0) + value
+            totals["watermark"] = max(totals.get("watermark", 0), watermark)
+            opened = self.open.setdefault(output, {})
+            for window_start, n in held.items():
+                opened[window_start] = opened.get(window_start, 0) + n
+                if opened[window_start] <= 0:
+                    del opened[window_start]
             self.applied[output] = batch_id

@@ -39,6 +39,8 @@ OUTPUT_COLUMNS = (
     ("watermark", "bigint"),
     ("events", "bigint"),
     ("duplicates", "bigint"),
+    # A window operator's change in what its state holds: keys of a window, or sessions.
+    ("held", "bigint"),
     ("reason", "string"),
     ("value", "binary"),
     ("row", "string"),

@@ -42,6 +42,7 @@ from pyspark.sql.streaming.stateful_processor import (
 from kappaflow.counting.arrow_ipc import (
     PACKED_SCHEMA,
     PackedProcessor,
+    frame_from_ipc,
     frame_to_ipc,
     table_from_ipc,
     table_to_ipc,
@@ -52,11 +53,11 @@ from kappaflow.counting.rows import (
     FINAL,
     LATE,
     PROVISIONAL,
+    SESSIONS_WINDOW,
     SHARDS,
     STATS,
     dead_letter_rows,
 )
-from kappaflow.counting.sessions import decode_ids, fresh_ids, touches
 from kappaflow.errors import WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import WEIGHT, input_name, partial_fields, reduce_groups
@@ -194,21 +195,23 @@ class SessionAggregator(StatefulProcessor):
         touching = touches(events["key"].to_numpy(dtype=object), times, bounds, self.gap_ms)
         late = fresh & (times < watermark - self.lateness_ms) & ~touching
         counted = fresh & ~late
-        out = [
-            output_table(
-                1,
-                kind=[STATS],
-                watermark=[watermark],
-                events=[int(counted.sum())],
-                duplicates=[int((~fresh).sum())],
-            )
-        ]
-        out.extend(expired)
+        held = sessions.num_rows
+        out: list[pa.Table] = []
         if late.any():
             out.append(self._too_late(events[late], watermark))
         if counted.any():
             sessions, changes = self._merge(sessions, events[counted], watermark)
             out.append(changes)
+        stats = output_table(
+            1,
+            kind=[STATS],
+            window_start=[SESSIONS_WINDOW],
+            watermark=[watermark],
+            events=[int(counted.sum())],
+            duplicates=[int((~fresh).sum())],
+            held=[sessions.num_rows - held],
+        )
+        out = [stats, *expired, *out]
         self._save(sessions, ids, watermark)
         yield pa.concat_tables(out)
 
@@ -365,7 +368,10 @@ class SessionAggregator(StatefulProcessor):
             )
         gone = end + self.lateness_ms <= watermark
         if gone.any():
-            out.append(output_table(1, kind=[CLOSED], events=[int(gone.sum())]))
+            closed = output_table(
+                1, kind=[CLOSED], window_start=[SESSIONS_WINDOW], held=[-int(gone.sum())]
+            )
+            out.append(closed)
             sessions = sessions.filter(pa.array(~gone))
         return sessions, out
 
@@ -421,3 +427,38 @@ class SessionAggregator(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def decode_ids(blob: bytes | None) -> pd.DataFrame:
+    if not blob:
+        return pd.DataFrame({"hash": pd.Series(dtype="int64"), "ts": pd.Series(dtype="int64")})
+    return frame_from_ipc(blob)
+
+
+def fresh_ids(events: pd.DataFrame, ids: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Which events count (not a repeat of an id seen before or earlier in ``events``:
+    columns ``has_id``, ``id_hash``, ``ts``), and the ids seen with the new ones added."""
+    has_id = events["has_id"].to_numpy(dtype=bool)
+    values = events["id_hash"].to_numpy(dtype="int64")
+    repeat = pd.Series(values).duplicated().to_numpy() & has_id
+    known = np.isin(values, ids["hash"].to_numpy(dtype="int64")) & has_id
+    fresh = ~repeat & ~known
+    added = pd.DataFrame(
+        {
+            "hash": values[fresh & has_id],
+            "ts": events["ts"].to_numpy(dtype="int64")[fresh & has_id],
+        }
+    )
+    return fresh, pd.concat([ids, added], ignore_index=True)
+
+
+def touches(keys: np.ndarray, times: np.ndarray, sessions: pd.DataFrame, gap: int) -> np.ndarray:
+    """For each event, whether its interval [t, t + gap) overlaps a held session."""
+    if sessions.empty:
+        return np.zeros(len(keys), dtype=bool)
+    probe = pd.DataFrame({"key": keys, "t": times, "i": np.arange(len(keys))})
+    pairs = probe.merge(sessions[["key", "start", "end"]], on="key")
+    hit = (pairs["t"] < pairs["end"]) & (pairs["start"] < pairs["t"] + gap)
+    touching = np.zeros(len(keys), dtype=bool)
+    touching[pairs.loc[hit, "i"].to_numpy(dtype="int64")] = True
+    return touching

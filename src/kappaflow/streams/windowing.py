@@ -85,6 +85,8 @@ OUTPUT_ARROW_SCHEMA = pa.schema(
         ("watermark", pa.int64()),
         ("events", pa.int64()),
         ("duplicates", pa.int64()),
+        # ``stats`` rows: keys the window's state gained; ``closed``: minus those it forgot.
+        ("held", pa.int64()),
         ("reason", pa.string()),
         ("value", pa.binary()),
         ("src_partition", pa.int32()),
@@ -312,8 +314,12 @@ class WindowAggregator(StatefulProcessor):
         final = final or end <= watermark
         kept = folded.filter(pa.array(counted > 0))
         if kept.num_rows:
+            keys = held.num_rows
             held, changes = self._merge(held, kept, start, end, watermark, final)
             out.append(changes)
+            out[0] = stats.set_column(
+                stats.schema.get_field_index("held"), "held", pa.array([held.num_rows - keys])
+            )
             dirty = True
         if dirty:
             ids = seen.tobytes() if seen is not None else b""
@@ -431,7 +437,12 @@ class WindowAggregator(StatefulProcessor):
             self.state.clear()
             tables.append(
                 output_table(
-                    1, kind=[CLOSED], window_start=[start], window_end=[end], watermark=[watermark]
+                    1,
+                    kind=[CLOSED],
+                    window_start=[start],
+                    window_end=[end],
+                    watermark=[watermark],
+                    held=[-held.num_rows],
                 )
             )
         if tables:

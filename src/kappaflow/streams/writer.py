@@ -47,7 +47,7 @@ from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
 from kappaflow.timeutil import from_epoch_ms, iso
 
 CHANGES = ("provisional", "final", "correction")
-RECORD, LATE, DEAD, STATS, PACKED = "record", "late", "dlq", "stats", "packed"
+RECORD, LATE, DEAD, STATS, CLOSED, PACKED = "record", "late", "dlq", "stats", "closed", "packed"
 
 #: The points of a batch at which the writer calls its ``on_step`` hook; the
 #: fault-injection tests kill the driver at each.
@@ -128,11 +128,12 @@ class OutputWriter:
             "dead_letters": len(dead),
         }
         watermark = int(pc.max(table["watermark"]).as_py() or 0)
+        held = _held(table.filter(pc.is_in(kind, pa.array([STATS, CLOSED]))))
         self._results = changes.num_rows + records.num_rows + len(late) + len(dead)
         laps.lap("prepare")
         self._step("before-store", batch_id)
         if self.store is not None and target.redis:
-            self.store.apply(target.name, batch_id, changes, stats)
+            self.store.apply(target.name, batch_id, changes, stats, watermark, held)
         laps.lap("redis")
         self._step("after-store", batch_id)
         lake_rows = 0
@@ -385,6 +386,19 @@ def _write_status(folder: Path, output: str, status: dict[str, Any]) -> None:
     scratch = folder / f".{output}.json.tmp"
     scratch.write_text(json.dumps(status, indent=2) + "\n")
     scratch.replace(folder / f"{output}.json")
+
+
+def _held(rows: pa.Table) -> dict[int, int]:
+    """Window start → change in the keys the state holds, from ``stats`` and ``closed``
+    rows."""
+    if not rows.num_rows:
+        return {}
+    sums = rows.group_by("window_start").aggregate([("held", "sum")])
+    return {
+        int(w): int(n or 0)
+        for w, n in zip(sums["window_start"].to_pylist(), sums["held_sum"].to_pylist(), strict=True)
+        if n
+    }
 
 
 def _sum(column: pa.ChunkedArray) -> int:

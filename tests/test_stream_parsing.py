@@ -279,6 +279,7 @@ def test_a_text_field_takes_a_string_or_a_number_as_text(spark: SparkSession) ->
         b'{"page": "/a", "at": 1, "ref": 4.50}',
         b'{"page": 42, "at": 1, "ref": null}',
         b'{"page": 1e3, "at": 1}',
+        b'{"page": "[x", "at": 1, "ref": "true"}',
         b'{"page": true, "at": 1}',
         b'{"page": {"x": 1}, "at": 1}',
         b'{"page": 7, "at": 1, "ref": [1]}',
@@ -294,6 +295,7 @@ def test_a_text_field_takes_a_string_or_a_number_as_text(spark: SparkSession) ->
         ("/a", "4.5", None),
         ("42", None, None),
         ("1000.0", None, None),
+        ("[x", "true", None),
         (None, None, "key field 'page' is not a string or a number"),
         (None, None, "key field 'page' is not a string or a number"),
         (None, None, "field 'ref' is not a string or a number"),
@@ -301,4 +303,4 @@ def test_a_text_field_takes_a_string_or_a_number_as_text(spark: SparkSession) ->
     ]
     nodes = parsing._nodes(schema, time="at", keys=["page"], id=None)
     settled = parsing._fast_path(raw, nodes).select("offset", "_kf_settled").collect()
-    assert [r["_kf_settled"] for r in sorted(settled)] == [True] * 3 + [False] * 4
+    assert [r["_kf_settled"] for r in sorted(settled)] == [True] * 3 + [False] * 5

@@ -5,8 +5,8 @@ it does not fit (``_kf_reason``), naming the field path and the problem, so it c
 the dead-letter topic with its original bytes, topic, partition and offset.
 
 The fast path parses each record once with ``from_json`` against a *checking* schema:
-the record type with ints as BIGINT, floats as DOUBLE, booleans as BOOLEAN, strings (and
-``str | int`` text) as VARIANT, timestamps as STRING, plus a corrupt-record column. In
+the record type with ints as BIGINT, floats as DOUBLE, booleans as BOOLEAN, strings as
+VARIANT, timestamps and ``str | int`` text as STRING, plus a corrupt-record column. In
 Spark 4.3 a value of the wrong type does not fail the record: ``from_json`` returns the
 other fields (partial results) and a null for the bad one, which would be a silent null.
 But it also fills the corrupt column with the whole record, so one null check settles
@@ -18,6 +18,10 @@ not reject:
   variants, and settled when ``schema_of_variant`` says STRING (a header check). Reading
   them as text and sending numeric-looking text ("02139") to the slow path measured the
   same for clean data but four times slower when a field holds digit strings;
+* any JSON value for a text field (``str | int``), read as text: a number becomes its
+  text, as wanted, but an object, an array or a boolean does too, so text that is
+  ``true`` or ``false`` or starts with ``{`` or ``[`` goes to the verdict (where a string
+  that looks like one is good, and keeps that text);
 * nulls and missing fields: required fields (and the key and time fields) must be
   non-null, elements of ``list[T]`` too (``forall``); a JSON null in a variant leaf is
   VOID, not SQL null;
@@ -227,14 +231,13 @@ def _fast_type(field: Field) -> DataType:
         "float": DoubleType(),
         "bool": BooleanType(),
         "str": VariantType(),
-        "text": VariantType(),
     }
     return scalars.get(field.kind, StringType())
 
 
 def _converts(field: Field) -> bool:
     """Whether the field's value differs from its fast-path parse (it holds a timestamp)."""
-    if field.kind in ("timestamp", "event_time", "str", "text"):
+    if field.kind in ("timestamp", "event_time", "str"):
         return True
     return any(_converts(f) for f in (*field.fields, *filter(None, [field.element])))
 
@@ -247,8 +250,7 @@ def _typed(field: Field, raw: Column) -> Column:
         return F.when(raw.rlike(_EPOCH_MS), F.timestamp_millis(raw.cast("bigint"))).when(
             raw.rlike(_ISO), F.try_to_timestamp(raw)
         )
-    if field.kind in ("str", "text"):
-        # For a ``text`` field, a number's text is Spark's: 42, 4.5, 1000.0 (for 1e3).
+    if field.kind == "str":
         return F.try_variant_get(raw, "$", "string")
     if not _converts(field):
         return raw
@@ -262,11 +264,17 @@ def _typed(field: Field, raw: Column) -> Column:
 
 def _settled(node: _Node, raw: Column, typed: Column | None) -> Column | None:
     """Whether the fast path settles this field (None: always); see the module docstring."""
-    if node.field.kind in ("str", "text"):
+    if node.field.kind == "str":
         # A variant: JSON null is the variant null (VOID), not SQL null.
         t = F.schema_of_variant(raw)
-        fits = t == "STRING" if node.field.kind == "str" else (t == "STRING") | t.rlike(_NUMBER)
-        return fits if node.required else raw.isNull() | (t == "VOID") | fits
+        return t == "STRING" if node.required else raw.isNull() | t.isin("STRING", "VOID")
+    if node.field.kind == "text":
+        # Read as text, a string is itself and a number its text (42, 4.5, 1000.0 for
+        # 1e3); an object, an array or a boolean is text too, so text that may be one goes
+        # to the verdict (a string that looks like one is good there, and keeps this text).
+        doubt = raw.isin("true", "false") | raw.startswith("{") | raw.startswith("[")
+        fits = raw.isNotNull() & ~doubt
+        return fits if node.required else raw.isNull() | fits
     ok = _ok(node, raw, typed)
     if node.required:
         return raw.isNotNull() if ok is None else raw.isNotNull() & ok

@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow as pa
 
 from kappaflow.counting.arrow_ipc import unpack
-from kappaflow.counting.rows import OUTPUT_ARROW_SCHEMA
+from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
 
 
 def packed_rows(packed: object, schema: pa.Schema = OUTPUT_ARROW_SCHEMA) -> list[dict[str, Any]]:

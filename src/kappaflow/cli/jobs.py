@@ -185,11 +185,12 @@ def stop(ctx: Context, name: str, timeout: float) -> None:
 def remove(ctx: Context, name: str) -> None:
     """Forget stopped job NAME: its checkpoint, commit markers, serving-store keys, lake
     tables and the topics named after it. Started again, NAME begins from nothing."""
+    from kappaflow.cli.count import PIPELINE as COUNT
     from kappaflow.counting import lifecycle
     from kappaflow.streams.removal import remove_job
 
     record = JobManager(ctx.settings).get(name)
-    if record.pipeline in ("count", "kappaflow.counting.pipeline:PIPELINE"):
+    if record.pipeline in (COUNT, "kappaflow.counting.pipeline:PIPELINE"):
         deleted = lifecycle.remove(ctx.settings, name)
         say(f"job {name} removed, with its checkpoint, its Redis keys and {len(deleted)} topics")
         return

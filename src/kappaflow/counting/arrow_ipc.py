@@ -21,15 +21,13 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from kappaflow.counting.rows import OUTPUT_ARROW_SCHEMA
-
 #: What the operator hands Spark: each group's output rows packed into one Arrow stream.
 PACKED_SCHEMA = "rows BINARY"
 
 
 class PackedProcessor(StatefulProcessor):
     """``processor`` with its output packed: one row per group and call, holding all the
-    rows it emitted (Arrow tables or DataFrames of OUTPUT_SCHEMA) as Arrow IPC bytes."""
+    rows it emitted (Arrow tables of its output schema) as Arrow IPC bytes."""
 
     def __init__(self, processor: StatefulProcessor) -> None:
         self.processor = processor
@@ -51,22 +49,16 @@ class PackedProcessor(StatefulProcessor):
         self.processor.close()
 
 
-def _packed(parts: Iterator[Any]) -> Iterator[pd.DataFrame]:
-    """Output parts (Arrow tables, or DataFrames) as one packed row."""
-    tables = [
-        part
-        if isinstance(part, pa.Table)
-        else pa.Table.from_pandas(part, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
-        for part in parts
-        if len(part)
-    ]
+def _packed(parts: Iterator[pa.Table]) -> Iterator[pd.DataFrame]:
+    """Output parts as one packed row."""
+    tables = [part for part in parts if part.num_rows]
     if tables:
         yield pd.DataFrame({"rows": [table_to_ipc(pa.concat_tables(tables))]})
 
 
-def unpack(blobs: pa.ChunkedArray | pa.Array, schema: pa.Schema = OUTPUT_ARROW_SCHEMA) -> pa.Table:
+def unpack(blobs: pa.ChunkedArray | pa.Array, schema: pa.Schema) -> pa.Table:
     """The rows packed by ``PackedProcessor`` (``blobs``, one per group and call) as one
-    table of the operator's ``schema`` (counting's OUTPUT_SCHEMA unless given)."""
+    table of the operator's output ``schema``."""
     tables = [table_from_ipc(blob) for blob in blobs.to_pylist() if blob]
     if not tables:
         return schema.empty_table()

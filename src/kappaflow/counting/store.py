@@ -26,6 +26,7 @@ import redis
 
 from kappaflow.counting.job import OUTPUT
 from kappaflow.counting.rows import SESSIONS_WINDOW
+from kappaflow.serving.client import drop_job_keys
 from kappaflow.streams.backends import redis_prefix
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -120,8 +121,7 @@ class CountStore:
 
     def drop(self) -> None:
         """Forget everything this job stored."""
-        for name in self.client.scan_iter(match=f"kf:{self.job}:*", count=1000):
-            self.client.delete(name)
+        drop_job_keys(self.client, self.job)
 
 
 def _text(value: bytes | str) -> str:

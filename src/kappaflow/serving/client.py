@@ -23,3 +23,20 @@ def redis_client(settings: Settings) -> redis.Redis:
             f"cannot reach Redis at {settings.redis.effective_url} ({exc}): {hint}"
         ) from None
     return client
+
+
+def drop_job_keys(client: redis.Redis, job: str) -> int:
+    """Delete every key of job ``job`` (``kf:JOB:*``) and say how many there were.
+
+    Keys are found with SCAN and unlinked a thousand at a time: Redis frees their memory
+    in the background, and serves others between the calls."""
+    dropped = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=f"kf:{job}:*", count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            dropped += int(client.unlink(*batch))
+            batch.clear()
+    if batch:
+        dropped += int(client.unlink(*batch))
+    return dropped

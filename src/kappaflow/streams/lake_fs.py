@@ -112,10 +112,10 @@ class HadoopFs:
             stream.write(bytearray(text.encode()))
         finally:
             stream.close()
-        if self.exists(relative):
+        # The directory exists (the temporary file is in it). A local disk's rename
+        # replaces a file of that name; HDFS's refuses (false), and FileContext replaces.
+        if not self._fs.rename(self.path(temporary), self.path(relative)):
             self._replace(temporary, relative)
-        else:
-            self.rename(temporary, relative)
 
     def _replace(self, source: str, target: str) -> None:
         """Rename onto an existing file. ``FileSystem.rename`` refuses that on HDFS (it

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kappaflow.jobs.manager import JobManager, local_path, write_atomically
 from kappaflow.kafka.topics import delete_topic, list_topics
-from kappaflow.serving.client import redis_client
+from kappaflow.serving.client import drop_job_keys, redis_client
 from kappaflow.settings import Settings
 from kappaflow.streams.backends import commits_topic
 from kappaflow.streams.job import Job
@@ -97,9 +97,7 @@ def remove_job(settings: Settings, name: str) -> Removal:
     resources = read_resources(jobs.job_dir(name))
     removal = Removal()
     if resources.redis:
-        client = redis_client(settings)
-        for key in client.scan_iter(match=f"kf:{name}:*", count=1000):
-            removal.redis_keys += int(client.delete(key))
+        removal.redis_keys = drop_job_keys(redis_client(settings), name)
     existing = {t["name"] for t in list_topics(settings.kafka)}
     for topic in resources.topics:
         if topic not in existing:

@@ -120,11 +120,60 @@ def windows(job: kf.Job) -> None:
     sales.join(per_sku).to(kf.topic())  # type: ignore[arg-type]
 
 
-def window_after(job: kf.Job) -> None:
+def join_after(job: kf.Job) -> None:
     orders = job.source("orders", Order, key="buyer")
     payments = job.source("payments", Payment).select("order_id", "paid")
     joined = orders.join(payments, on="order_id", within="1m")
-    joined.window(tumbling="1m").aggregate("n", n=kf.count()).to(kf.topic())
+    refunds = job.source("refunds", Payment).select("order_id", F.col("paid").alias("back"))
+    joined.join(refunds, on="order_id", within="1m").to(kf.topic())
+
+
+def paid_per_buyer(job: kf.Job) -> None:
+    orders = job.source("orders", Order, key="buyer")
+    payments = job.source("payments", Payment).select("order_id", "paid")
+    joined = orders.join(payments, on="order_id", within="10m", how="inner")
+    per_hour = joined.window(tumbling="1h")
+    per_hour.aggregate("paid", by="buyer", n=kf.count(), total=kf.sum("paid")).to(kf.topic())
+
+
+def test_a_window_after_a_join_of_two_streams_runs_on_the_joins_watermark(
+    spark: SparkSession,
+) -> None:
+    orders = [
+        [
+            {"order_id": "o1", "buyer": "ada", "amount": 10.0, "at": "2026-11-23T10:00:00Z"},
+            {"order_id": "o2", "buyer": "bob", "amount": 20.0, "at": "2026-11-23T10:00:00Z"},
+        ],
+        [{"order_id": "o3", "buyer": "ada", "amount": 5.0, "at": "2026-11-23T10:30:00Z"}],
+        [{"order_id": "o9", "buyer": "zed", "amount": 5.0, "at": "2026-11-23T13:30:00Z"}],
+        [],
+    ]
+    payments = [
+        [
+            {"order_id": "o1", "paid": 10.0, "at": "2026-11-23T10:09:00Z"},
+            {"order_id": "o2", "paid": 20.0, "at": "2026-11-23T10:05:00Z"},
+        ],
+        [{"order_id": "o3", "paid": 5.0, "at": "2026-11-23T10:25:00Z"}],
+        [{"order_id": "o9", "paid": 1.0, "at": "2026-11-23T13:31:00Z"}],
+        [],
+    ]
+    out = kf.testing.run(paid_per_buyer, {"orders": orders, "payments": payments}, spark=spark)
+
+    changes = [
+        (c["buyer"], c["window_start"][11:16], c["kind"], c["values"]) for c in out.changes("paid")
+    ]
+    # The join's rows are windowed as they come; once the join's watermark (its inputs'
+    # watermarks, less the 10 minutes a match may be apart) passes 11:00, the 10:00
+    # windows are final. 13:30 moves it there.
+    assert changes == [
+        ("ada", "10:00", "provisional", {"n": 1, "total": 10.0}),
+        ("bob", "10:00", "provisional", {"n": 1, "total": 20.0}),
+        ("ada", "10:00", "provisional", {"n": 2, "total": 15.0}),
+        ("zed", "13:00", "provisional", {"n": 1, "total": 1.0}),
+        ("ada", "10:00", "final", {"n": 2, "total": 15.0}),
+        ("bob", "10:00", "final", {"n": 1, "total": 20.0}),
+    ]
+    assert out.stats("paid")["events"] == 4 and out.late == []
 
 
 @pytest.mark.parametrize(
@@ -135,14 +184,20 @@ def window_after(job: kf.Job) -> None:
         (outer, "KF751", "how='outer', expected 'left' or 'inner'"),
         (no_within, "KF751", "give within=..."),
         (windows, "KF751", "join(): Table is not a stream or a table from job.table()"),
-        (window_after, "KF754", "the windowed aggregate 'n' cannot follow the join"),
+        (join_after, "KF754", "a join with the stream of 'refunds' cannot follow the join"),
     ],
 )
 def test_a_wrong_join_is_refused_when_declared(
     spark: SparkSession, build: Any, code: str, message: str
 ) -> None:
     empty: list[list[Any]] = [[]]
-    inputs = {"sales": empty, "products": empty, "orders": empty, "payments": empty}
+    inputs = {
+        "sales": empty,
+        "products": empty,
+        "orders": empty,
+        "payments": empty,
+        "refunds": empty,
+    }
     with pytest.raises(KappaflowError) as raised:
         kf.testing.run(build, inputs, spark=spark)
     assert raised.value.code == code

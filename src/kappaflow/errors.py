@@ -629,9 +629,8 @@ class JoinColumnClashError(StreamError):
 
 
 class StateAfterStreamJoinError(StreamError):
-    """A windowed aggregate, a stateful function or another stream join follows a
-    stream-stream join: Spark refuses to redefine the watermark after a stateful
-    operator."""
+    """A stream join follows a stream-stream join: Spark refuses to redefine the
+    watermark after a stateful operator."""
 
     code = "KF754"
 

@@ -379,10 +379,8 @@ class Stream:
         ``by`` columns, with its state and timers (``name``: the output's default name,
         else the function's). Events reach it as the source's record type, or ``record``
         after a ``select``."""
-        from kappaflow.streams.joins import refuse_after_stream_join
         from kappaflow.streams.stateful_plan import process_stream
 
-        refuse_after_stream_join(self, "a stateful function")
         return process_stream(self, function, by=by, name=name, record=record)
 
     def _column(self, name: str) -> None:
@@ -404,9 +402,6 @@ class Windowed:
         """Per window and per value of the ``by`` columns, the named ``aggregates``
         (``kf.count()``, ``kf.sum("amount")``, ...). ``name`` names the results: their
         topic ``JOB.NAME``, their lake table and their state."""
-        from kappaflow.streams.joins import refuse_after_stream_join
-
-        refuse_after_stream_join(self.stream, f"the windowed aggregate {name!r}")
         keys = (by,) if isinstance(by, str) else tuple(by)
         if not aggregates:
             raise InvalidJobError(f"aggregate {name!r}: name at least one aggregate")

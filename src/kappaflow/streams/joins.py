@@ -218,10 +218,17 @@ def join_stream(
     return _joined(stream, joined, Joined("stream", name, keys, how, within_ms, carries))
 
 
+def stream_joined(source: Source) -> bool:
+    """Whether a stream of ``source`` went through a stream-stream join: its rows carry the
+    join's watermark, which Spark propagates to a window operator or stateful function
+    after the join (they declare none of their own then)."""
+    return any(j.kind == "stream" for j in source.joins)
+
+
 def refuse_after_stream_join(stream: Stream, what: str) -> None:
-    """KF754 if ``stream`` went through a stream-stream join: the window operator, the
-    stateful functions and the join each declare a watermark, which Spark refuses after
-    a stateful operator ("Redefining watermark is disallowed", when the query runs)."""
+    """KF754 if ``stream`` went through a stream-stream join: a join declares a watermark
+    on each side, which Spark refuses after a stateful operator ("Redefining watermark is
+    disallowed", when the query runs)."""
     joined = next((j for j in stream.source.joins if j.kind == "stream"), None)
     if joined is not None:
         raise StateAfterStreamJoinError(

@@ -21,6 +21,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError
 from kappaflow.streams.backends import Publisher, ResultStore
 from kappaflow.streams.job import BOOKKEEPING, Job, Output, Reader, Source
+from kappaflow.streams.joins import stream_joined
 from kappaflow.streams.lake import LakeWriter
 from kappaflow.streams.session_windows import aggregate_sessions
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
@@ -176,13 +177,14 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     carried = dead_letters and stream.whole and stream.output_rows is None
     if output.aggregate is not None:
         agg = output.aggregate
+        watermark = None if stream_joined(source) else source.watermark_ms
         if agg.window.session:
             rows = aggregate_sessions(
                 stream.parsed if carried else stream.df,
                 keys=agg.keys,
                 aggregates=agg.aggregates,
                 gap_ms=agg.window.size_ms,
-                watermark_ms=source.watermark_ms,
+                watermark_ms=watermark,
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
@@ -194,7 +196,7 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
                 aggregates=agg.aggregates,
                 size_ms=agg.window.size_ms,
                 slide_ms=agg.window.slide_ms,
-                watermark_ms=source.watermark_ms,
+                watermark_ms=watermark,
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,

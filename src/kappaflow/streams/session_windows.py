@@ -64,6 +64,7 @@ from kappaflow.streams.folding import WEIGHT, input_name, partial_fields, reduce
 from kappaflow.streams.windowing import (
     OUTPUT_ARROW_SCHEMA,
     bind_aggregates,
+    event_time_watermark,
     key_json,
     output_table,
     values_json,
@@ -93,7 +94,7 @@ def aggregate_sessions(
     keys: Sequence[str],
     aggregates: Mapping[str, Aggregate],
     gap_ms: int,
-    watermark_ms: int,
+    watermark_ms: int | None,
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
@@ -108,9 +109,7 @@ def aggregate_sessions(
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
     selected = (
-        events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
-        .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
-        .drop("_kf_event_time")
+        event_time_watermark(events, watermark_ms)
         .withColumn("_kf_key", key_json(keys))
         .select(
             F.when(dead, F.lit(DEAD_SHARD))

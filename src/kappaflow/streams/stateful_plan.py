@@ -23,6 +23,7 @@ from kappaflow.errors import (
     ProcessColumnError,
     StatefulOutputTypeError,
 )
+from kappaflow.streams.joins import stream_joined
 from kappaflow.streams.shipping import ship_by_value
 from kappaflow.streams.stateful import StatefulFunction
 from kappaflow.streams.stateful_run import (
@@ -34,6 +35,7 @@ from kappaflow.streams.stateful_run import (
     KeyedProcessor,
 )
 from kappaflow.streams.stateful_values import field_names, is_record_type
+from kappaflow.streams.windowing import event_time_watermark
 
 if TYPE_CHECKING:
     from kappaflow.streams.job import Stream
@@ -87,7 +89,8 @@ def process_stream(
         raise StatefulOutputTypeError(f"{function.name}: output type: {exc}") from None
     ship_by_value(function.function, function.timer, function.state, function.output, record)
     source = stream.source
-    rows = run_processor(stream.df, function, keys, record, source.watermark_ms, source.lateness_ms)
+    watermark = None if stream_joined(source) else source.watermark_ms
+    rows = run_processor(stream.df, function, keys, record, watermark, source.lateness_ms)
     typed = (
         rows.where(F.col("kind") == "record")
         .select(
@@ -139,24 +142,19 @@ def run_processor(
     function: StatefulFunction[Any],
     keys: Sequence[str],
     record: type,
-    watermark_ms: int,
+    watermark_ms: int | None,
     lateness_ms: int,
 ) -> DataFrame:
     """The operator's rows (OUTPUT_SCHEMA) for ``events`` (with ``_kf_`` columns).
 
     The watermark is declared on a column dropped before the operator: Spark fires the
     timers by it but hands the operator late rows instead of dropping them."""
-    prepared = (
-        events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
-        .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
-        .drop("_kf_event_time")
-        .select(
-            *keys,
-            F.to_json(F.struct(*field_names(record))).alias(RECORD),
-            F.col("_kf_time").cast("long").alias(TIME),
-            F.col("_kf_partition").cast("int").alias(PARTITION),
-            F.col("_kf_offset").cast("long").alias(OFFSET),
-        )
+    prepared = event_time_watermark(events, watermark_ms).select(
+        *keys,
+        F.to_json(F.struct(*field_names(record))).alias(RECORD),
+        F.col("_kf_time").cast("long").alias(TIME),
+        F.col("_kf_partition").cast("int").alias(PARTITION),
+        F.col("_kf_offset").cast("long").alias(OFFSET),
     )
     return prepared.groupBy(*keys).transformWithStateInPandas(
         statefulProcessor=KeyedProcessor(function, record, lateness_ms),

@@ -108,7 +108,7 @@ def aggregate_windows(
     aggregates: Mapping[str, Aggregate],
     size_ms: int,
     slide_ms: int | None,
-    watermark_ms: int,
+    watermark_ms: int | None,
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
@@ -128,9 +128,7 @@ def aggregate_windows(
     newest = F.floor(F.col("_kf_time") / step) * step
     backs = F.sequence(F.lit(0), F.lit(size_ms // step - 1))
     windowed = (
-        events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
-        .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
-        .drop("_kf_event_time")
+        event_time_watermark(events, watermark_ms)
         .withColumn("_kf_back", F.explode(F.when(dead, F.array(F.lit(0))).otherwise(backs)))
         .withColumn("_kf_key", F.when(~dead, key_json(keys)))
     )
@@ -167,7 +165,23 @@ def aggregate_windows(
     )
 
 
-def _check_windows(size_ms: int, slide_ms: int | None, watermark_ms: int, lateness_ms: int) -> int:
+def event_time_watermark(events: DataFrame, watermark_ms: int | None) -> DataFrame:
+    """``events`` with the watermark declared on a column dropped at once: Spark fires a
+    stateful operator's timers by it, but hands the operator late rows instead of dropping
+    them. None: the events carry a watermark already, a stream-stream join's, which Spark
+    propagates to the operator (and refuses to see declared again after the join)."""
+    if watermark_ms is None:
+        return events
+    return (
+        events.withColumn("_kf_event_time", F.timestamp_millis(F.col("_kf_time")))
+        .withWatermark("_kf_event_time", f"{watermark_ms} milliseconds")
+        .drop("_kf_event_time")
+    )
+
+
+def _check_windows(
+    size_ms: int, slide_ms: int | None, watermark_ms: int | None, lateness_ms: int
+) -> int:
     """The windows' step (the slide, or the size for tumbling windows)."""
     if size_ms <= 0:
         raise WindowSpecError(f"window size must be positive, got {size_ms} ms")
@@ -176,7 +190,7 @@ def _check_windows(size_ms: int, slide_ms: int | None, watermark_ms: int, latene
         raise WindowSpecError(
             f"window slide must be positive and divide the size {size_ms} ms, got {step} ms"
         )
-    for name, value in (("watermark", watermark_ms), ("lateness", lateness_ms)):
+    for name, value in (("watermark", watermark_ms or 0), ("lateness", lateness_ms)):
         if value < 0:
             raise WindowSpecError(f"{name} must not be negative, got {value} ms")
     return step

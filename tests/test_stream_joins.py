@@ -3,7 +3,9 @@ compacted topic or from Parquet) and two streams within a time range."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +176,65 @@ def test_a_window_after_a_join_of_two_streams_runs_on_the_joins_watermark(
         ("bob", "10:00", "final", {"n": 1, "total": 20.0}),
     ]
     assert out.stats("paid")["events"] == 4 and out.late == []
+
+
+@dataclass
+class PaidOrder:
+    order_id: str
+    buyer: str
+    amount: float
+    paid: float
+    at: datetime
+
+
+@dataclass
+class Spent:
+    buyer: str
+    orders: int
+    total: float
+
+
+@dataclass
+class Running:
+    orders: int = 0
+    total: float = 0.0
+
+
+@kf.stateful(state=Running, output=Spent)
+def spending(
+    key: tuple[Any, ...], events: list[PaidOrder], ctx: kf.StateContext[Running]
+) -> Iterator[Spent]:
+    for event in events:
+        ctx.state.orders += 1
+        ctx.state.total += event.paid
+        yield Spent(key[0], ctx.state.orders, ctx.state.total)
+
+
+def spending_per_buyer(job: kf.Job) -> None:
+    orders = job.source("orders", Order, key="buyer")
+    payments = job.source("payments", Payment).select("order_id", "paid")
+    joined = orders.join(payments, on="order_id", within="10m", how="inner")
+    joined.process(spending, by="buyer", record=PaidOrder).to(kf.topic("spent"))
+
+
+def test_a_stateful_function_after_a_join_of_two_streams(spark: SparkSession) -> None:
+    orders = [
+        [
+            {"order_id": "o1", "buyer": "ada", "amount": 10.0, "at": "2026-11-23T10:00:00Z"},
+            {"order_id": "o2", "buyer": "bob", "amount": 20.0, "at": "2026-11-23T10:00:00Z"},
+        ],
+        [{"order_id": "o3", "buyer": "ada", "amount": 5.0, "at": "2026-11-23T10:30:00Z"}],
+    ]
+    payments = [
+        [{"order_id": "o1", "paid": 10.0, "at": "2026-11-23T10:09:00Z"}],
+        [{"order_id": "o3", "paid": 4.0, "at": "2026-11-23T10:25:00Z"}],
+    ]
+    inputs = {"orders": orders, "payments": payments}
+    out = kf.testing.run(spending_per_buyer, inputs, spark=spark)
+    assert out.records("spent") == [
+        {"buyer": "ada", "orders": 1, "total": 10.0},
+        {"buyer": "ada", "orders": 2, "total": 14.0},
+    ]
 
 
 @pytest.mark.parametrize(

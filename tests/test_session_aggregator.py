@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from packed_rows import packed_rows
+from packed_rows import packed_rows, packed_tester
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import PackedProcessor, table_from_ipc
+from kappaflow.counting.arrow_ipc import table_from_ipc
 from kappaflow.counting.rows import SESSIONS_WINDOW
 from kappaflow.streams.folding import partial_name
 from kappaflow.streams.session_windows import DEAD_SHARD, SessionAggregator, SessionState
@@ -34,7 +34,6 @@ GAP = 10
 LATENESS = 20
 #: The shard of every countable event here: one state value holds all their sessions.
 SHARD = 0
-NEVER_LATE = 2**62
 COUNT = kf.count().bind(None)
 #: The state's column of each session's count (the count aggregate's one partial).
 COUNTED = partial_name(0, COUNT.partials()[0])
@@ -45,11 +44,7 @@ Change = tuple[str, str, int, int, Any, Any, int]
 
 def session_aggregator() -> TwsTester:
     processor = SessionAggregator(["count"], [COUNT], [], GAP, LATENESS, dedup=False)
-    return TwsTester(
-        PackedProcessor(processor),
-        timeMode="EventTime",
-        eventTimeExtractor=lambda _row: NEVER_LATE,
-    )
+    return packed_tester(processor)
 
 
 def key(name: str) -> str:

@@ -18,12 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from packed_rows import packed_rows
+from packed_rows import changes, packed_rows, packed_tester
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import PackedProcessor, unpack
+from kappaflow.counting.arrow_ipc import unpack
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import Folder, input_name
@@ -38,7 +38,6 @@ from kappaflow.streams.windowing import (
 SIZE = 60_000
 START = 600_000
 END = START + SIZE
-NEVER_LATE = 2**62
 
 ALL = {
     "n": kf.count(),
@@ -61,11 +60,7 @@ def aggregator(
     processor = WindowAggregator(
         list(aggregates), bound(aggregates), SIZE, lateness_ms, dedup=dedup
     )
-    return TwsTester(
-        PackedProcessor(processor),
-        timeMode="EventTime",
-        eventTimeExtractor=lambda _row: NEVER_LATE,
-    )
+    return packed_tester(processor)
 
 
 def folded(
@@ -112,21 +107,6 @@ def feed(t: TwsTester, frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def advance(t: TwsTester, watermark: int) -> list[dict[str, Any]]:
     return rows_of(t.setWatermark(watermark))
-
-
-def changes(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """(kind, key, values, previous, version) of each change, JSON decoded."""
-    return [
-        (
-            r["kind"],
-            r["key"],
-            json.loads(r["values"]),
-            json.loads(r["previous"]) if r["previous"] else None,
-            r["version"],
-        )
-        for r in rows
-        if r["kind"] in ("provisional", "final", "correction")
-    ]
 
 
 def stats(rows: list[dict[str, Any]]) -> tuple[int, int]:

@@ -18,11 +18,11 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from packed_rows import packed_rows
+from packed_rows import changes, packed_rows, packed_tester
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import PackedProcessor, table_from_ipc
+from kappaflow.counting.arrow_ipc import table_from_ipc
 from kappaflow.counting.rows import DEAD_WINDOW
 from kappaflow.streams.folding import Folder, partial_name
 from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA, WindowAggregator, WindowState
@@ -31,7 +31,6 @@ SIZE = 60_000
 START = 600_000
 END = START + SIZE
 LATENESS = 30_000
-NEVER_LATE = 2**62
 COUNT = kf.count().bind(None)
 #: The state's column of each key's count (the count aggregate's one partial).
 COUNTED = partial_name(0, COUNT.partials()[0])
@@ -39,11 +38,7 @@ COUNTED = partial_name(0, COUNT.partials()[0])
 
 def window_aggregator() -> TwsTester:
     processor = WindowAggregator(["count"], [COUNT], SIZE, LATENESS, dedup=False)
-    return TwsTester(
-        PackedProcessor(processor),
-        timeMode="EventTime",
-        eventTimeExtractor=lambda _row: NEVER_LATE,
-    )
+    return packed_tester(processor)
 
 
 def key(name: str) -> str:
@@ -96,21 +91,6 @@ def feed(t: TwsTester, frame: pd.DataFrame, group: int = START) -> list[dict[str
 
 def advance(t: TwsTester, watermark: int) -> list[dict[str, Any]]:
     return rows_of(t.setWatermark(watermark))
-
-
-def changes(rows: list[dict[str, Any]]) -> list[tuple[str, str, Any, Any, int]]:
-    """(kind, key, values, previous, version) of each change, JSON decoded."""
-    return [
-        (
-            r["kind"],
-            r["key"],
-            json.loads(r["values"]),
-            json.loads(r["previous"]) if r["previous"] else None,
-            r["version"],
-        )
-        for r in rows
-        if r["kind"] in ("provisional", "final", "correction")
-    ]
 
 
 def stats(rows: list[dict[str, Any]]) -> tuple[int, int]:

@@ -19,11 +19,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kappaflow.counting.events import assign_windows, parse_events
+from kappaflow.counting.job import event_type
 from kappaflow.counting.spec import CountSpec
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import real_time_spark
+from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.schema import compile_schema
 
 #: How long a real-time batch runs before Spark checkpoints its offsets and state. Each
 #: new batch restarts the long-running tasks, which stalls output for seconds, so batches
@@ -43,10 +45,27 @@ def spark_settings(settings: Settings, partitions: int) -> SettingsOverrides:
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
     """Kafka records → changelog records (``key``, ``value``) of windowed counts, shaped
-    as the micro-batch path's (streams/writer.py ``changelog_records``), with ``mode``."""
+    as the micro-batch path's (streams/writer.py ``changelog_records``), with ``mode``.
+
+    Records are parsed as the micro-batch path parses them (the same record type, the same
+    checks), so both count the same records; those that do not parse are left out here
+    (the micro-batch path sends them to the dead-letter topic)."""
+    record = compile_schema(event_type(spec))
+    parsed = parse_records(
+        raw, record, time=spec.time_field, keys=[spec.key_field], id=spec.id_field
+    ).where(F.col("_kf_reason").isNull())
+    step, size = spec.step_ms, spec.size_ms
     events = (
-        assign_windows(parse_events(raw, spec), spec)
-        .where(F.col("reason").isNull())
+        parsed.select(
+            F.col(spec.key_field).alias("key"),
+            F.col("_kf_time").alias("ts"),
+            F.explode(F.sequence(F.lit(0), F.lit(size // step - 1))).alias("_back"),
+        )
+        .withColumn(
+            "window_start",
+            (F.floor(F.col("ts") / step) * step - F.col("_back") * step).cast("long"),
+        )
+        .withColumn("window_end", F.col("window_start") + size)
         .withColumn("_event_time", F.timestamp_millis(F.col("ts")))
         .withWatermark("_event_time", f"{spec.watermark_ms} milliseconds")
     )

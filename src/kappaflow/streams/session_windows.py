@@ -3,9 +3,8 @@ form one window.
 
 A session is [first event, last event + gap): each event is the interval [t, t + gap) and
 a key's sessions are the unions of overlapping intervals, so an event grows a session,
-starts one, or bridges two into one. This is the counting job's session machine
-(kappaflow/counting/sessions.py) with the aggregates' partials (aggregates.py) in place
-of a count: merging two sessions merges their partials, sketches included.
+starts one, or bridges two into one. Each session holds the aggregates' partials
+(aggregates.py): merging two sessions merges their partials, sketches included.
 
 ``SessionAggregator`` is keyed by a shard of keys; its state is one Arrow table of the
 sessions held (key, bounds, version, whether final, partials) and, with an id column, the

@@ -1,12 +1,11 @@
 """Windowed aggregates by event time: provisional, final, correction and late.
 
-``aggregate_windows`` generalises the counting job's window state machine
-(kappaflow/counting/windows.py) from a count to the aggregates users declare
-(aggregates.py). Events are windowed in Spark SQL, folded per (window, key) to partials
-(folding.py), then merged per (window, shard) by ``WindowAggregator``, a stateful
-processor whose state value holds, for all keys of a shard in a window, their partials
-and the version that orders their changes (an Arrow table), the ids already counted and
-whether the window is final.
+``aggregate_windows`` computes the aggregates users declare (aggregates.py; ``kappaflow
+count`` declares one, a count) per key and window. Events are windowed in Spark SQL,
+folded per (window, key) to partials (folding.py), then merged per (window, shard) by
+``WindowAggregator``, a stateful processor whose state value holds, for all keys of a
+shard in a window, their partials and the version that orders their changes (an Arrow
+table), the ids already counted and whether the window is final.
 
 Per micro-batch a key whose values change gets one change: ``provisional`` before the
 watermark passes the window's end, ``correction`` after. A timer at the end emits
@@ -14,10 +13,10 @@ watermark passes the window's end, ``correction`` after. A timer at the end emit
 a forgotten window come out as ``late`` rows (one per folded row, with its count and
 offset range), never silently dropped. Each group also emits a ``stats`` row per batch.
 
-The watermark is declared on a column dropped before the operator: Spark still fires
-the timers by it but no longer drops late rows before the operator sees them (as
-counting/pipeline.py does). Session windows would be another processor over the same
-fold and output (the state keyed by key instead of window).
+The watermark is declared on a column dropped before the operator
+(``event_time_watermark``): Spark still fires the timers by it but no longer drops late
+rows before the operator sees them. Session windows are another processor over the same
+output (session_windows.py), with its state keyed by a shard of keys instead of window.
 """
 
 from __future__ import annotations

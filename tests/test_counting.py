@@ -204,6 +204,16 @@ def test_event_time_corrections_late_events_and_dead_letters(
         status["dead_letters"],
     ) == (31, 1, 1, 2)
 
+    # A count job is a job on the job API: jobs status accounts for its one output too
+    # (from the output's last commit marker, written after Redis).
+    def counts_output() -> dict[str, Any] | None:
+        out = json.loads(cli("jobs", "status", job_name, "--json").out)["outputs"]["counts"]
+        return out if out.get("events_read") == 35 else None
+
+    output = wait_for(counts_output, timeout=30, what="jobs status to show 35 events read")
+    read = (output["events"], output["duplicates"], output["late"], output["dead_letters"])
+    assert read == (31, 1, 1, 2)
+
     changes = changelog(serving, job_name)
     by_window: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for change in changes:

@@ -299,6 +299,30 @@ class WindowAggregator(StatefulProcessor):
         counted = folded["counted"].to_numpy()
         if self.dedup:
             counted, seen = _fresh(folded, counted, seen)
+        if stored is None:
+            # A new window: its timers, once (re-registering one only logs a warning).
+            if end > watermark:
+                self.handle.registerTimer(end)
+            if self.lateness_ms or end <= watermark:
+                self.handle.registerTimer(end + self.lateness_ms)
+        keys_before = held.num_rows
+        out: list[pa.Table] = []
+        if stored is not None and not final and end <= watermark:
+            # The watermark passed the end but the timer has not fired yet (Spark runs
+            # the timers after the input): the window becomes final first, and this
+            # batch's events correct it.
+            held, finals = self._finalized(held, start, end, watermark)
+            out.append(finals)
+        dirty = stored is None or bool(out)
+        final = final or end <= watermark
+        kept = folded.filter(pa.array(counted > 0))
+        if kept.num_rows:
+            held, changes = self._merge(held, kept, start, end, watermark, final)
+            out.append(changes)
+            dirty = True
+        if dirty:
+            ids = seen.tobytes() if seen is not None else b""
+            self.state.update(WindowState(table_to_ipc(held), ids, final))
         primary = folded["primary"].to_numpy(zero_copy_only=False)
         events = folded["events"].to_numpy()
         stats = output_table(
@@ -309,34 +333,9 @@ class WindowAggregator(StatefulProcessor):
             watermark=[watermark],
             events=[int(counted[primary].sum())],
             duplicates=[int((events - counted)[primary].sum())],
+            held=[held.num_rows - keys_before],
         )
-        if stored is None:
-            # A new window: its timers, once (re-registering one only logs a warning).
-            if end > watermark:
-                self.handle.registerTimer(end)
-            if self.lateness_ms or end <= watermark:
-                self.handle.registerTimer(end + self.lateness_ms)
-        out = [stats]
-        if stored is not None and not final and end <= watermark:
-            # The watermark passed the end but the timer has not fired yet (Spark runs
-            # the timers after the input): the window becomes final first, and this
-            # batch's events correct it.
-            held, finals = self._finalized(held, start, end, watermark)
-            out.append(finals)
-        dirty = stored is None or len(out) > 1
-        final = final or end <= watermark
-        kept = folded.filter(pa.array(counted > 0))
-        if kept.num_rows:
-            keys = held.num_rows
-            held, changes = self._merge(held, kept, start, end, watermark, final)
-            out.append(changes)
-            out[0] = stats.set_column(
-                stats.schema.get_field_index("held"), "held", pa.array([held.num_rows - keys])
-            )
-            dirty = True
-        if dirty:
-            ids = seen.tobytes() if seen is not None else b""
-            self.state.update(WindowState(table_to_ipc(held), ids, final))
+        out.insert(0, stats)
         yield pa.concat_tables(out)
 
     def _merge(

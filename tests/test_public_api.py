@@ -48,3 +48,17 @@ def test_import_has_no_side_effects() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_count_commands_load_without_pyspark() -> None:
+    """`kappaflow counts` and `count status` read Redis and files: starting PySpark for
+    them would cost seconds per command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kappaflow.cli.count, kappaflow.counting.status, kappaflow.counting.store; "
+        "print('pyspark' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

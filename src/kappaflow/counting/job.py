@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from dataclasses import make_dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kappaflow as kf
 from kappaflow.counting.spec import CountSpec
 from kappaflow.errors import ConflictingOptionsError
-from kappaflow.streams.runtime import Build
+
+if TYPE_CHECKING:  # the CLI and the serving store read OUTPUT without PySpark
+    from kappaflow.streams.runtime import Build
 
 #: The job's one output: its topic is ``NAME.counts``, its windows ``kf:NAME:counts:``.
 OUTPUT = "counts"

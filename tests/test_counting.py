@@ -23,7 +23,8 @@ from conftest import Result, RunCli, error_line, run_kappaflow
 from faults import CRASH_AT, CRASH_RECORD
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
-from kappaflow.counting.spec import QUERY, CountSpec
+from kappaflow.counting.job import OUTPUT
+from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.clients import consumer
@@ -347,7 +348,7 @@ def test_a_crash_changes_nothing(
     assert crashed["step"] == step and crashed["batch"] >= 1
 
     start(cli, job_name, source)  # resumes from the checkpoint, without the fault
-    query = serving.checkpoint_root / job_name / QUERY
+    query = serving.checkpoint_root / job_name / OUTPUT
     # Spark has run the crashed batch again and committed it ...
     wait_for(
         lambda: True if committed(query, crashed["batch"]) else None,

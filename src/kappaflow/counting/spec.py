@@ -12,9 +12,6 @@ from kappaflow.timeutil import parse_duration
 #: The part of a ``--realtime`` job that runs the real-time query in a driver process of
 #: its own (pipelines.base.Part, counting/pipeline.py).
 REALTIME_PART = "realtime"
-#: The counting query's checkpoint below the job's checkpoint directory: its output's
-#: name (job.py OUTPUT).
-QUERY = "counts"
 
 
 @dataclass(frozen=True)

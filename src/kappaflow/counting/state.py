@@ -15,7 +15,8 @@ import pyarrow as pa
 
 import kappaflow as kf
 from kappaflow.counting.arrow_ipc import table_from_ipc
-from kappaflow.counting.spec import QUERY, CountSpec
+from kappaflow.counting.job import OUTPUT
+from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
 from kappaflow.errors import NoCommittedStateError
 from kappaflow.jobs.manager import JobManager
@@ -28,7 +29,7 @@ def read_state(settings: Settings, job: str) -> list[WindowCount]:
 
     record = JobManager(settings).get(job)
     spec = CountSpec.from_params(record.params)
-    checkpoint = (settings.checkpoint_root / job / QUERY).resolve()
+    checkpoint = (settings.checkpoint_root / job / OUTPUT).resolve()
     if not (checkpoint / "commits").exists():
         raise NoCommittedStateError(f"job {job!r} has no committed state yet in {checkpoint}")
     spark = build_session(settings, app_name=f"kappaflow:state:{job}")

@@ -15,7 +15,8 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from kappaflow.counting.spec import QUERY, REALTIME_PART, CountSpec
+from kappaflow.counting.job import OUTPUT
+from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.jobs.parts import part_state
@@ -32,7 +33,7 @@ def events_read(settings: Settings, name: str, stats: CountStats) -> int | None:
     if stats.last_batch < 0:
         return 0
     try:
-        return offsets_consumed(settings.checkpoint_root / name / QUERY, stats.last_batch)
+        return offsets_consumed(settings.checkpoint_root / name / OUTPUT, stats.last_batch)
     except FileNotFoundError:
         return None
 
@@ -42,7 +43,7 @@ def count_status(settings: Settings, record: JobRecord) -> dict[str, Any]:
     jobs = JobManager(settings)
     name = record.name
     stats = CountStore(redis_client(settings), name).stats()
-    progress = jobs.progress(name).get(f"{name}.{QUERY}") or {}
+    progress = jobs.progress(name).get(f"{name}.{OUTPUT}") or {}
     operators = progress.get("stateOperators") or [{}]
     parts = {}
     if CountSpec.from_params(record.params).realtime:

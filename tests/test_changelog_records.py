@@ -4,7 +4,7 @@ import json
 
 import pyarrow as pa
 
-from kappaflow.streams.backends import MemoryStore, stored_windows
+from kappaflow.streams.backends import BatchAccount, MemoryStore, stored_windows
 from kappaflow.streams.windowing import output_table
 from kappaflow.streams.writer import changelog_records
 
@@ -85,11 +85,11 @@ def test_the_store_holds_final_values_and_drops_retracted_windows() -> None:
 
     store = MemoryStore()
     first = changes(['["d"]'], values=['{"n":9}'])
-    store.apply("o", 0, first, {"events": 1}, START + MINUTE, {START: 1})
-    store.apply("o", 1, table, {"events": 4}, START, {START: 3, START + MINUTE: 2})
+    store.apply("o", 0, first, BatchAccount({"events": 1}, START + MINUTE, {START: 1}))
+    store.apply("o", 1, table, BatchAccount({"events": 4}, START, {START: 3, START + MINUTE: 2}))
     # The batch again, and a batch whose state forgot the window START.
-    store.apply("o", 1, table, {"events": 4}, START + 2 * MINUTE, {START: 3})
-    store.apply("o", 2, changes([]), {"events": 0}, START, {START: -4})
+    store.apply("o", 1, table, BatchAccount({"events": 4}, START + 2 * MINUTE, {START: 3}))
+    store.apply("o", 2, changes([]), BatchAccount({"events": 0}, START, {START: -4}))
     assert sorted(k for k, _ in store.windows["o"]) == ['["a"]', '["b"]', '["c"]']
     assert store.stats["o"] == {"events": 5, "watermark": START + MINUTE}
     assert store.open["o"] == {START + MINUTE: 2}

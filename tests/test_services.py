@@ -28,7 +28,7 @@ from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
-from kappaflow.streams.backends import RedisStore
+from kappaflow.streams.backends import BatchAccount, RedisStore
 
 # Starts services of its own.
 pytestmark = pytest.mark.integration
@@ -179,9 +179,7 @@ def test_redis_commands_and_the_global_flags(own: Settings, tmp_path: Path) -> N
             0,
             pa.table({**window, "kind": ["final"], "values": ['{"count":3}'], "version": [2],
                       "watermark": [60_000]}),
-            {"events": 3},
-            60_000,
-            {},
+            BatchAccount({"events": 3}, 60_000, {}),
         )  # fmt: skip
         counted = external("counts", "views")
         assert counted.code == 0, counted.err

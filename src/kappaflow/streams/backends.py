@@ -53,21 +53,23 @@ class Publisher(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class BatchAccount:
+    """What one batch adds to an output's bookkeeping in the store, once."""
+
+    #: Running totals to add to (events, duplicates, late, dead letters).
+    stats: dict[str, int]
+    #: The batch's watermark (epoch ms), kept if it is the highest yet.
+    watermark: int
+    #: Window start → change in the keys the output's state holds for it.
+    held: dict[int, int]
+
+
 class ResultStore(Protocol):
-    def apply(
-        self,
-        output: str,
-        batch_id: int,
-        changes: pa.Table,
-        stats: dict[str, int],
-        watermark: int,
-        held: dict[int, int],
-    ) -> None:
+    def apply(self, output: str, batch_id: int, changes: pa.Table, account: BatchAccount) -> None:
         """Each change's values under its key and window (``changes`` has the columns
         ``kind``, ``key``, ``window_start``, ``window_end``, ``values``, ``version`` and
-        ``watermark``, in order); once per batch, ``stats`` added, the batch's
-        ``watermark`` (epoch ms) kept if it is the highest yet, and ``held`` (window
-        start → change in the keys the state holds for it) added to the open windows."""
+        ``watermark``, in order), and ``account`` once per batch id."""
         ...
 
 
@@ -204,15 +206,7 @@ class RedisStore:
         self._write = client.register_script(_WRITE)
         self._stats = client.register_script(_STATS)
 
-    def apply(
-        self,
-        output: str,
-        batch_id: int,
-        changes: pa.Table,
-        stats: dict[str, int],
-        watermark: int,
-        held: dict[int, int],
-    ) -> None:
+    def apply(self, output: str, batch_id: int, changes: pa.Table, account: BatchAccount) -> None:
         prefix = redis_prefix(self.job, output)
         keys, starts, texts = stored_windows(changes)
         for low in range(0, len(keys), _CHUNK):
@@ -221,9 +215,10 @@ class RedisStore:
             for item in zip(keys[low:end], starts[low:end], texts[low:end], strict=True):
                 items += item
             self._write(args=items)
-        pairs = [str(x) for name, value in sorted(stats.items()) for x in (name, value)]
-        opened = json.dumps({str(w): n for w, n in held.items() if n})
-        self._stats(args=[prefix + "stats", batch_id, watermark, prefix + "open", opened, *pairs])
+        pairs = [str(x) for name, value in sorted(account.stats.items()) for x in (name, value)]
+        opened = json.dumps({str(w): n for w, n in account.held.items() if n})
+        stats, watermark = prefix + "stats", account.watermark
+        self._stats(args=[stats, batch_id, watermark, prefix + "open", opened, *pairs])
 
 
 def stored_windows(changes: pa.Table) -> tuple[list[str], list[str], list[str]]:
@@ -265,15 +260,7 @@ class MemoryStore:
     open: dict[str, dict[int, int]] = field(default_factory=dict)
     applied: dict[str, int] = field(default_factory=dict)
 
-    def apply(
-        self,
-        output: str,
-        batch_id: int,
-        changes: pa.Table,
-        stats: dict[str, int],
-        watermark: int,
-        held: dict[int, int],
-    ) -> None:
+    def apply(self, output: str, batch_id: int, changes: pa.Table, account: BatchAccount) -> None:
         windows = self.windows.setdefault(output, {})
         for key, start, text in zip(*stored_windows(changes), strict=True):
             window = (key, int(start))
@@ -283,11 +270,11 @@ class MemoryStore:
                 windows[window] = json.loads(text)
         if batch_id > self.applied.get(output, -1):
             totals = self.stats.setdefault(output, {})
-            for name, value in stats.items():
+            for name, value in account.stats.items():
                 totals[name] = totals.get(name, 0) + value
-            totals["watermark"] = max(totals.get("watermark", 0), watermark)
+            totals["watermark"] = max(totals.get("watermark", 0), account.watermark)
             opened = self.open.setdefault(output, {})
-            for window_start, n in held.items():
+            for window_start, n in account.held.items():
                 opened[window_start] = opened.get(window_start, 0) + n
                 if opened[window_start] <= 0:
                     del opened[window_start]

@@ -40,7 +40,7 @@ from kappaflow.counting.json_columns import (
     quoted,
 )
 from kappaflow.errors import PartialBatchError
-from kappaflow.streams.backends import Publisher, Record, ResultStore
+from kappaflow.streams.backends import BatchAccount, Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
 from kappaflow.streams.lake import LakeWriter
 from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
@@ -133,7 +133,8 @@ class OutputWriter:
         laps.lap("prepare")
         self._step("before-store", batch_id)
         if self.store is not None and target.redis:
-            self.store.apply(target.name, batch_id, changes, stats, watermark, held)
+            account = BatchAccount(stats, watermark, held)
+            self.store.apply(target.name, batch_id, changes, account)
         laps.lap("redis")
         self._step("after-store", batch_id)
         lake_rows = 0

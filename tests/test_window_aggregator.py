@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from packed_rows import changes, packed_rows, packed_tester
+from packed_rows import changes, dead_letters, packed_rows, packed_tester
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
@@ -165,17 +165,7 @@ def test_records_that_cannot_be_counted_pass_as_dead_letters() -> None:
     batch = records([(None, 41), ("a", 40), (None, 42)], partition=2, dead=dead)
 
     out = feed(t, folded(batch, DEAD_WINDOW), DEAD_WINDOW)
-    assert [
-        (
-            r["kind"],
-            r["reason"],
-            r["value"],
-            r["src_partition"],
-            r["src_offset"],
-            r["src_offset_end"],
-        )
-        for r in out
-    ] == [
+    assert dead_letters(out) == [
         ("dlq", "not valid JSON", b"{oops", 2, 41, 41),
         ("dlq", "empty record", None, 2, 42, 42),
     ]

@@ -55,3 +55,18 @@ def changes(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         for r in rows
         if r["kind"] in ("provisional", "final", "correction")
     ]
+
+
+def dead_letters(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(kind, reason, value, partition, first offset, last offset) of each row."""
+    return [
+        (
+            r["kind"],
+            r["reason"],
+            r["value"],
+            r["src_partition"],
+            r["src_offset"],
+            r["src_offset_end"],
+        )
+        for r in rows
+    ]

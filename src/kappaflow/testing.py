@@ -70,6 +70,9 @@ class Results:
     publisher: MemoryPublisher
     store: MemoryStore
     lake_root: Path
+    #: Each query's progress reports, as Spark gives them (``query.recentProgress``), by
+    #: query name (``JOB.OUTPUT``).
+    progress: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def records(self, topic: str) -> list[dict[str, Any]]:
         """The JSON records published to ``topic`` (committed, in order)."""
@@ -102,7 +105,7 @@ class Results:
 
     @property
     def late(self) -> list[dict[str, Any]]:
-        """The events too late to correct their window."""
+        """The events too late for their window, or behind a stream join's watermark."""
         return self.records(f"{self.job}.late")
 
     def stats(self, output: str) -> dict[str, int]:
@@ -216,6 +219,7 @@ class Harness:
             lake_root=str(home / "lake"),
         )
         queries = start_outputs(job, files, backends, available_now=True)
+        progress: dict[str, list[dict[str, Any]]] = {}
         try:
             for query in queries:
                 if not query.awaitTermination(int(timeout_s)):
@@ -223,10 +227,11 @@ class Harness:
                 error = query.exception()
                 if error is not None:
                     raise HarnessError(f"query {query.name} failed: {error}".splitlines()[0])
+                progress[query.name] = [json.loads(p.json) for p in query.recentProgress]
         finally:
             for query in queries:
                 query.stop()
-        return Results(name, publisher, store, home / "lake")
+        return Results(name, publisher, store, home / "lake", progress)
 
 
 _default: Harness | None = None

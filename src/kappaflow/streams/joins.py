@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 _HOW = ("left", "inner")
 
+#: The ``kind`` of a row that tells the writer an event entered a stream join.
+BEHIND = "behind"
+
 
 @dataclass(frozen=True)
 class Joined:
@@ -59,6 +62,10 @@ class Joined:
     #: The joined topic's source and its records with their verdicts, whose dead letters
     #: the runtime sends to the dead-letter topic (None: a Parquet table).
     carries: tuple[Source, DataFrame] | None = field(default=None, compare=False, repr=False)
+    #: A stream join's inputs as they enter it, one row per event (``behind`` rows:
+    #: topic, partition, offset, event time, key): the output's writer picks those behind
+    #: the join's watermark, which Spark's join drops, and sends them to the late topic.
+    taps: tuple[DataFrame, ...] = field(default=(), compare=False, repr=False)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -215,7 +222,26 @@ def join_stream(
         "_kf_lt", "_kf_rt", *[f"_kf_r_{k}" for k in keys]
     )
     carries = (other.source, other.parsed)
-    return _joined(stream, joined, Joined("stream", name, keys, how, within_ms, carries))
+    reason = f"behind the watermark of the join of {stream.source.topic!r} with {name!r}"
+    taps = (
+        _tap(stream._frame, stream.source.topic, keys, reason),
+        _tap(other.df, name, keys, reason),
+    )
+    return _joined(stream, joined, Joined("stream", name, keys, how, within_ms, carries, taps))
+
+
+def _tap(side: DataFrame, topic: str, keys: Sequence[str], reason: str) -> DataFrame:
+    """One side of a stream join as it enters the join, as ``behind`` rows (the runtime's
+    output columns): where each event came from, its event time and its ``on`` values."""
+    return side.select(
+        F.lit(BEHIND).alias("kind"),
+        F.to_json(F.struct(*[F.col(k) for k in keys])).alias("key"),
+        F.lit(reason).alias("reason"),
+        F.lit(topic).alias("src_topic"),
+        F.col("_kf_partition").alias("src_partition"),
+        F.col("_kf_offset").alias("src_offset"),
+        F.col("_kf_time").alias("event_time"),
+    )
 
 
 def stream_joined(source: Source) -> bool:

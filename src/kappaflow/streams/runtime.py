@@ -45,8 +45,13 @@ OUTPUT_COLUMNS = (
     ("reason", "string"),
     ("value", "binary"),
     ("row", "string"),
+    # Where a late event or dead letter came from (the topic: only where it may be a
+    # joined stream's rather than the output's source).
+    ("src_topic", "string"),
     ("src_partition", "int"),
     ("src_offset", "bigint"),
+    # An event's time, on the ``behind`` rows of a stream join's inputs.
+    ("event_time", "bigint"),
     ("offsets", "array<bigint>"),
     # A window operator's rows, packed (``kind`` "packed"): the writer unpacks them.
     ("packed", "binary"),
@@ -138,6 +143,7 @@ def start_outputs(
             topics=(),
             redis=False,
             lakes=(),
+            checkpoint=f"{backends.checkpoint_root}/{topic}-dead-letters",
             status_dir=backends.status_dir,
         )
         frame = _shaped(_dead_letters(parsed))
@@ -158,7 +164,7 @@ def _start(
     stream = (
         frame.writeStream.queryName(f"{target.job}.{target.name}")
         .outputMode(mode)
-        .option("checkpointLocation", f"{backends.checkpoint_root}/{target.name}")
+        .option("checkpointLocation", target.checkpoint)
         .foreachBatch(writer)
     )
     stream = (
@@ -224,6 +230,9 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     frame = _shaped(rows)
     if dead_letters and not carried:
         frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))
+    for join in source.joins:
+        for tap in join.taps:
+            frame = frame.unionByName(_shaped(tap))
     return frame
 
 
@@ -277,6 +286,8 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
         redis=any(isinstance(sink, RedisSink) for sink in output.sinks),
         lakes=lakes,
         row_schema=user.schema if output.aggregate is None else None,
+        checkpoint=f"{backends.checkpoint_root}/{output.name}",
+        joined_streams=any(join.taps for join in output.stream.source.joins),
         status_dir=backends.status_dir,
         records_are_events=output.aggregate is None and state is None,
         late_keys=(

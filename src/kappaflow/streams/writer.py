@@ -9,8 +9,11 @@ every record once.
 
 The rows the writer gets (runtime.py) have a ``kind``: changes of a windowed aggregate
 (``provisional``, ``final``, ``correction``), ``record`` rows of a plain stream, ``late``
-events (too late to correct their window), ``dlq`` records that did not parse, and the
-operator's ``stats`` and ``closed`` rows.
+events (too late to correct their window), ``dlq`` records that did not parse, the
+operator's ``stats`` and ``closed`` rows, and ``behind`` rows: every event that entered a
+stream-stream join, of which the writer keeps those Spark's join dropped as late (at or
+behind the watermark of the batch before, which the checkpoint's offset log records) and
+sends them to the late topic.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from kappaflow.counting.json_columns import (
 from kappaflow.errors import PartialBatchError
 from kappaflow.streams.backends import BatchAccount, Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
+from kappaflow.streams.joins import BEHIND
 from kappaflow.streams.lake import LakeWriter
+from kappaflow.streams.lake_fs import HadoopFs
 from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
 from kappaflow.timeutil import from_epoch_ms, iso
 
@@ -78,6 +83,11 @@ class OutputTarget:
     #: Whether each record written is an event passed (a plain stream), rather than what a
     #: stateful function made of them (it reports the events it got in ``stats`` rows).
     records_are_events: bool = False
+    #: The output query's checkpoint (a local path or a Hadoop URI).
+    checkpoint: str = ""
+    #: Whether the output's stream went through a stream-stream join (its rows then
+    #: include the join's ``behind`` rows).
+    joined_streams: bool = False
     #: Where the output's status file goes (none under the test harness).
     status_dir: Path | None = None
 
@@ -111,13 +121,20 @@ class OutputWriter:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         laps = _Laps()
         target = self.target
+        behind = 0
+        if target.joined_streams:
+            # Of the events that entered a stream join, only those its watermark dropped.
+            behind = self._join_watermark(frame, batch_id)
+            kept = (F.col("kind") != BEHIND) | (F.col("event_time") <= behind)
+            frame = frame.where(kept)
         # One action on the batch: everything after works on its Arrow table.
         table = _unpacked(frame.toArrow())
         laps.lap("compute+collect")
         kind = table["kind"]
         changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
         records = table.filter(pc.equal(kind, RECORD))
-        late = self._late_events(frame, table.filter(pc.equal(kind, LATE)).to_pylist())
+        too_late = table.filter(pc.is_in(kind, pa.array([LATE, BEHIND]))).to_pylist()
+        late = self._late_events(frame, too_late, behind)
         dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
         counted = table.filter(pc.equal(kind, STATS))
         stats = {
@@ -218,37 +235,76 @@ class OutputWriter:
             )
         return spark.createDataFrame(pa.Table.from_pylist(rows))
 
-    def _late_events(self, frame: DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Each too-late event with its original bytes, read back from the source by the
-        exact offsets the operator reported."""
+    def _join_watermark(self, frame: DataFrame, batch_id: int) -> int:
+        """The watermark by which Spark's stream join drops this batch's late events: the
+        one the batch before ran with, from the checkpoint's offset log (0 for the first
+        batch, as in Spark)."""
+        if batch_id == 0:
+            return 0
+        log = HadoopFs(frame.sparkSession, self.target.checkpoint)
+        metadata = log.read_text(f"offsets/{batch_id - 1}").splitlines()[1]
+        return int(json.loads(metadata)["batchWatermarkMs"])
+
+    def _late_events(
+        self, frame: DataFrame, rows: list[dict[str, Any]], behind: int
+    ) -> list[dict[str, Any]]:
+        """Each too-late event with its original bytes, read back from its topic by the
+        exact offsets the operator reported (or the stream join's input held)."""
         if not rows:
             return []
-        wanted: dict[tuple[int, int], dict[str, Any]] = {}
+        wanted: dict[tuple[str, int, int], dict[str, Any]] = {}
         for r in rows:
+            topic = r["src_topic"] or self.target.source.topic
+            if r["kind"] == BEHIND:
+                # An event the join dropped: once, however many rows it made before.
+                wanted[(topic, r["src_partition"], r["src_offset"])] = {**r, "watermark": behind}
+                continue
             for offset in r["offsets"]:
-                wanted[(r["src_partition"], offset)] = r
-        ranges: dict[int, tuple[int, int]] = {}
-        for partition, offset in wanted:
-            low, high = ranges.get(partition, (offset, offset))
-            ranges[partition] = (min(low, offset), max(high, offset))
-        raw = self.reader.read_range(frame.sparkSession, self.target.source.topic, ranges)
-        found = [
-            {
-                **wanted[(r["partition"], r["offset"])],
-                "src_offset": r["offset"],
-                "value": r["value"],
-            }
-            for r in raw.select("partition", "offset", "value").collect()
-            if (r["partition"], r["offset"]) in wanted
-        ]
+                wanted[(topic, r["src_partition"], offset)] = r
+        found: list[dict[str, Any]] = []
+        for topic in sorted({t for t, _, _ in wanted}):
+            ranges: dict[int, tuple[int, int]] = {}
+            for partition, offset in ((p, o) for t, p, o in wanted if t == topic):
+                low, high = ranges.get(partition, (offset, offset))
+                ranges[partition] = (min(low, offset), max(high, offset))
+            raw = self.reader.read_range(frame.sparkSession, topic, ranges)
+            found += [
+                {
+                    **wanted[(topic, r["partition"], r["offset"])],
+                    "src_topic": topic,
+                    "src_offset": r["offset"],
+                    "value": r["value"],
+                }
+                for r in raw.select("partition", "offset", "value").collect()
+                if (topic, r["partition"], r["offset"]) in wanted
+            ]
         if len(found) != len(wanted):
+            topics = ", ".join(repr(t) for t in sorted({t for t, _, _ in wanted}))
             raise PartialBatchError(
-                f"found {len(found)} of the {len(wanted)} too-late events of "
-                f"{self.target.source.topic!r}: not publishing a partial batch"
+                f"found {len(found)} of the {len(wanted)} too-late events of {topics}: "
+                "not publishing a partial batch"
             )
-        return sorted(found, key=lambda r: (r["src_partition"], r["src_offset"]))
+        return sorted(found, key=lambda r: (r["src_topic"], r["src_partition"], r["src_offset"]))
 
     def _late_record(self, r: dict[str, Any]) -> Record:
+        where = {
+            "event": bytes(r["value"]).decode("utf-8", errors="replace"),
+            "source_topic": r["src_topic"],
+            "source_partition": r["src_partition"],
+            "source_offset": r["src_offset"],
+        }
+        if r["kind"] == BEHIND:
+            on = json.loads(r["key"])
+            value = {
+                "output": self.target.name,
+                "reason": r["reason"],
+                "watermark": iso(from_epoch_ms(r["watermark"])),
+                "key": on,
+                "event_time": iso(from_epoch_ms(r["event_time"])),
+                **where,
+            }
+            key = json.dumps(list(on.values())).encode()
+            return self.target.late_topic, key, json.dumps(value).encode()
         keys = json.loads(r["key"])
         value = {
             "output": self.target.name,
@@ -257,10 +313,7 @@ class OutputWriter:
             "key": dict(zip(self.target.late_keys, keys, strict=True)),
             "window_start": iso(from_epoch_ms(r["window_start"])),
             "window_end": iso(from_epoch_ms(r["window_end"])),
-            "event": bytes(r["value"]).decode("utf-8", errors="replace"),
-            "source_topic": self.target.source.topic,
-            "source_partition": r["src_partition"],
-            "source_offset": r["src_offset"],
+            **where,
         }
         return self.target.late_topic, r["key"].encode(), json.dumps(value).encode()
 

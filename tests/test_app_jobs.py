@@ -339,6 +339,9 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
         put(payments, "o3", {"order_id": "o3", "paid": 6.0, "at": "2026-11-23T10:01:10Z"})
         enriched = wait_records(topics["enriched"], 3)
         paid = wait_records(topics["paid"], 2)
+        # An hour behind both streams: Spark's join drops it; kappaflow reports it late.
+        put(payments, "o0", {"order_id": "o0", "paid": 1.0, "at": "2026-11-23T09:00:00Z"})
+        [late] = wait_records(f"{name}.late", 1)
     finally:
         for query in queries:
             query.stop()
@@ -351,6 +354,12 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
         {"order_id": "o1", "paid": 4.0},
         {"order_id": "o3", "paid": 6.0},
     ]
+    assert (late["source_topic"], late["source_offset"], late["key"]) == (
+        payments,
+        3,
+        {"order_id": "o0"},
+    )
+    assert late["reason"] == f"behind the watermark of the join of {orders!r} with {payments!r}"
 
 
 def test_a_job_whose_table_topic_is_missing_does_not_start(

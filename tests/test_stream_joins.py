@@ -3,6 +3,7 @@ compacted topic or from Parquet) and two streams within a time range."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -79,6 +80,53 @@ def test_two_streams_join_within_the_range(spark: SparkSession) -> None:
     [dead] = out.dead_letters
     assert dead["source_topic"] == "payments"
     assert dead["error"] == "missing field 'paid'"
+
+
+def test_events_behind_a_stream_joins_watermark_go_to_the_late_topic(
+    spark: SparkSession,
+) -> None:
+    orders = [
+        [{"order_id": "o1", "buyer": "ada", "amount": 10.0, "at": "2026-11-23T10:00:00Z"}],
+        [{"order_id": "o2", "buyer": "bob", "amount": 20.0, "at": "2026-11-23T11:00:00Z"}],
+        [{"order_id": "o4", "buyer": "cy", "amount": 40.0, "at": "2026-11-23T12:00:00Z"}],
+        # Behind the watermark the join judges this batch by: 11:00 less 10 s.
+        [{"order_id": "o3", "buyer": "ada", "amount": 5.0, "at": "2026-11-23T10:30:00Z"}],
+        [],
+    ]
+    payments = [
+        [{"order_id": "o1", "paid": 10.0, "at": "2026-11-23T10:05:00Z"}],
+        [{"order_id": "o2", "paid": 20.0, "at": "2026-11-23T11:01:00Z"}],
+        [{"order_id": "o4", "paid": 40.0, "at": "2026-11-23T12:00:00Z"}],
+        [
+            {"order_id": "o9", "paid": 9.0, "at": "2026-11-23T10:20:00Z"},  # behind it too
+            {"order_id": "o5", "paid": 5.0, "at": "2026-11-23T11:30:00Z"},  # not behind
+        ],
+        [],
+    ]
+    out = kf.testing.run(paid_orders, {"orders": orders, "payments": payments}, spark=spark)
+
+    assert sorted(r["order_id"] for r in out.records("paid")) == ["o1", "o2", "o4"]
+    late = [
+        (r["source_topic"], r["source_offset"], r["key"], r["event_time"], r["watermark"])
+        for r in out.late
+    ]
+    assert late == [
+        ("orders", 3, {"order_id": "o3"}, "2026-11-23T10:30:00.000Z", "2026-11-23T10:59:50.000Z"),
+        ("payments", 3, {"order_id": "o9"}, "2026-11-23T10:20:00.000Z", "2026-11-23T10:59:50.000Z"),
+    ]
+    assert [json.loads(r["event"])["order_id"] for r in out.late] == ["o3", "o9"]
+    assert {r["reason"] for r in out.late} == {
+        "behind the watermark of the join of 'orders' with 'payments'"
+    }
+    assert out.keys("job.late") == [["o3"], ["o9"]]
+    assert out.stats("paid")["late"] == 2
+    # Exactly the rows Spark's join dropped by its watermark, as its progress counts them.
+    dropped = sum(
+        operator["numRowsDroppedByWatermark"]
+        for progress in out.progress["job.paid"]
+        for operator in progress["stateOperators"]
+    )
+    assert dropped == 2
 
 
 @dataclass

@@ -20,6 +20,7 @@ import kappaflow as kf
 from kappaflow.cli.plan import show_plan
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.runtime import declare, describe
+from kappaflow.streams.writer import batch_watermark, join_watermark
 from kappaflow.testing import BatchFiles
 
 
@@ -127,6 +128,32 @@ def test_events_behind_a_stream_joins_watermark_go_to_the_late_topic(
         for operator in progress["stateOperators"]
     )
     assert dropped == 2
+
+
+def test_the_watermark_a_batch_ran_with_is_read_from_its_offset_log_entry() -> None:
+    entry = (
+        'v1\n{"batchWatermarkMs":1795297473806,"batchTimestampMs":1795297480000,'
+        '"conf":{}}\n{"orders":{"0":4}}\n'
+    )
+    assert batch_watermark(entry) == 1795297473806
+    # An entry without the metadata line, or without a watermark: none yet, as in Spark.
+    assert batch_watermark('v1\n{"batchTimestampMs":1}\n{"orders":{"0":4}}\n') == 0
+    assert batch_watermark("v1\n") == 0
+
+
+def test_the_join_watermark_comes_from_the_batch_before(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "4").write_text('v1\n{"batchWatermarkMs":1000,"conf":{}}\n{"t":{"0":1}}\n')
+    assert join_watermark(spark, str(tmp_path), 5) == 1000
+    assert join_watermark(spark, str(tmp_path), 0) == 0
+    # A checkpoint whose offset log lost the entry: one clear error, not a Java trace.
+    with pytest.raises(KappaflowError) as caught:
+        join_watermark(spark, str(tmp_path), 7)
+    assert caught.value.code == "KF615"
+    assert str(caught.value).startswith(f"cannot read {tmp_path}/offsets/6 for the stream join")
 
 
 @dataclass

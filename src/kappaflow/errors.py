@@ -383,6 +383,12 @@ class PartialBatchError(JobError):
     code = "KF614"
 
 
+class CheckpointError(JobError, OSError):
+    """A job's checkpoint could not be read where the job needs it (its offset log)."""
+
+    code = "KF615"
+
+
 # KF7xx: jobs written on the job API (kappaflow.streams): their schemas, windows, sinks.
 
 

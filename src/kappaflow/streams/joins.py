@@ -40,6 +40,7 @@ from kappaflow.errors import (
 )
 from kappaflow.streams.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
+from kappaflow.streams.windowing import key_json
 
 if TYPE_CHECKING:
     from kappaflow.streams.job import Job, Source, Stream
@@ -232,10 +233,13 @@ def join_stream(
 
 def _tap(side: DataFrame, topic: str, keys: Sequence[str], reason: str) -> DataFrame:
     """One side of a stream join as it enters the join, as ``behind`` rows (the runtime's
-    output columns): where each event came from, its event time and its ``on`` values."""
+    output columns): where each event came from, its event time and its ``on`` values (as
+    ``key``, a JSON array like a window's late key, and as ``row``, a JSON object)."""
+    on = F.struct(*[F.col(k) for k in keys])
     return side.select(
         F.lit(BEHIND).alias("kind"),
-        F.to_json(F.struct(*[F.col(k) for k in keys])).alias("key"),
+        key_json(keys).alias("key"),
+        F.to_json(on, {"ignoreNullFields": "false"}).alias("row"),
         F.lit(reason).alias("reason"),
         F.lit(topic).alias("src_topic"),
         F.col("_kf_partition").alias("src_partition"),

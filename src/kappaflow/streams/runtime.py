@@ -126,8 +126,8 @@ def start_outputs(
             if join.carries is not None:
                 joined.setdefault(join.name, join.carries)
         target = _target(job, output, backends)
-        # Spark runs a stream-stream join in append mode only; its rows are final
-        # anyway: a match is output once (no window or state may follow, joins.py).
+        # Spark runs a stream-stream join in append mode only: a match is output once,
+        # and a window or stateful function after it runs on the join's watermark.
         mode = "append" if any(j.kind == "stream" for j in output.stream.source.joins) else "update"
         queries.append(_start(frame, target, backends, reader, on_step, mode, available_now))
     # A joined topic's records that do not parse reach the dead-letter topic through a
@@ -143,7 +143,7 @@ def start_outputs(
             topics=(),
             redis=False,
             lakes=(),
-            checkpoint=f"{backends.checkpoint_root}/{topic}-dead-letters",
+            checkpoint=_checkpoint(backends, f"{topic}-dead-letters"),
             status_dir=backends.status_dir,
         )
         frame = _shaped(_dead_letters(parsed))
@@ -286,7 +286,7 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
         redis=any(isinstance(sink, RedisSink) for sink in output.sinks),
         lakes=lakes,
         row_schema=user.schema if output.aggregate is None else None,
-        checkpoint=f"{backends.checkpoint_root}/{output.name}",
+        checkpoint=_checkpoint(backends, output.name),
         joined_streams=any(join.taps for join in output.stream.source.joins),
         status_dir=backends.status_dir,
         records_are_events=output.aggregate is None and state is None,
@@ -384,3 +384,8 @@ def describe(job: Job) -> dict[str, Any]:
         "dead_letters": f"{job.name}.dlq",
         "late": f"{job.name}.late",
     }
+
+
+def _checkpoint(backends: Backends, query: str) -> str:
+    """Where a query of the job keeps its checkpoint (a local path or a Hadoop URI)."""
+    return f"{backends.checkpoint_root}/{query}"

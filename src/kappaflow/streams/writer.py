@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -42,7 +42,7 @@ from kappaflow.counting.json_columns import (
     number_text,
     quoted,
 )
-from kappaflow.errors import PartialBatchError
+from kappaflow.errors import CheckpointError, PartialBatchError
 from kappaflow.streams.backends import BatchAccount, Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
 from kappaflow.streams.joins import BEHIND
@@ -56,6 +56,9 @@ RECORD, LATE, DEAD, STATS, CLOSED, PACKED = "record", "late", "dlq", "stats", "c
 
 #: The points of a batch at which the writer calls its ``on_step`` hook; the
 #: fault-injection tests kill the driver at each.
+#: Whether each stateful operator of a query has a watermark of its own (Spark's default):
+#: a stream join then drops input behind the watermark of the batch before.
+_ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
 STEPS = ("before-store", "after-store", "after-lake", "in-transaction", "after-kafka")
 #: Called with the step, the output's name, the batch id and how many results the batch
 #: writes (changes, records, late events, dead letters); kappaflow itself passes none.
@@ -75,6 +78,8 @@ class OutputTarget:
     topics: tuple[str, ...]
     redis: bool
     lakes: tuple[LakeWriter, ...]
+    #: The output query's checkpoint (a local path or a Hadoop URI).
+    checkpoint: str
     #: A plain stream's row type, to give its lake its typed columns back.
     row_schema: StructType | None = None
     #: What a late event's ``key`` names: an aggregate's key columns, or the columns a
@@ -83,8 +88,6 @@ class OutputTarget:
     #: Whether each record written is an event passed (a plain stream), rather than what a
     #: stateful function made of them (it reports the events it got in ``stats`` rows).
     records_are_events: bool = False
-    #: The output query's checkpoint (a local path or a Hadoop URI).
-    checkpoint: str = ""
     #: Whether the output's stream went through a stream-stream join (its rows then
     #: include the join's ``behind`` rows).
     joined_streams: bool = False
@@ -124,7 +127,7 @@ class OutputWriter:
         behind = 0
         if target.joined_streams:
             # Of the events that entered a stream join, only those its watermark dropped.
-            behind = self._join_watermark(frame, batch_id)
+            behind = join_watermark(frame.sparkSession, target.checkpoint, batch_id)
             kept = (F.col("kind") != BEHIND) | (F.col("event_time") <= behind)
             frame = frame.where(kept)
         # One action on the batch: everything after works on its Arrow table.
@@ -235,16 +238,6 @@ class OutputWriter:
             )
         return spark.createDataFrame(pa.Table.from_pylist(rows))
 
-    def _join_watermark(self, frame: DataFrame, batch_id: int) -> int:
-        """The watermark by which Spark's stream join drops this batch's late events: the
-        one the batch before ran with, from the checkpoint's offset log (0 for the first
-        batch, as in Spark)."""
-        if batch_id == 0:
-            return 0
-        log = HadoopFs(frame.sparkSession, self.target.checkpoint)
-        metadata = log.read_text(f"offsets/{batch_id - 1}").splitlines()[1]
-        return int(json.loads(metadata)["batchWatermarkMs"])
-
     def _late_events(
         self, frame: DataFrame, rows: list[dict[str, Any]], behind: int
     ) -> list[dict[str, Any]]:
@@ -294,7 +287,7 @@ class OutputWriter:
             "source_offset": r["src_offset"],
         }
         if r["kind"] == BEHIND:
-            on = json.loads(r["key"])
+            on = json.loads(r["row"])
             value = {
                 "output": self.target.name,
                 "reason": r["reason"],
@@ -303,8 +296,7 @@ class OutputWriter:
                 "event_time": iso(from_epoch_ms(r["event_time"])),
                 **where,
             }
-            key = json.dumps(list(on.values())).encode()
-            return self.target.late_topic, key, json.dumps(value).encode()
+            return self.target.late_topic, r["key"].encode(), json.dumps(value).encode()
         keys = json.loads(r["key"])
         value = {
             "output": self.target.name,
@@ -457,3 +449,35 @@ def _held(rows: pa.Table) -> dict[int, int]:
 
 def _sum(column: pa.ChunkedArray) -> int:
     return int(pc.sum(column).as_py() or 0)
+
+
+def batch_watermark(offset_log_entry: str) -> int:
+    """The watermark (epoch ms) a micro-batch ran with, from its entry in a checkpoint's
+    offset log: a version line, then the batch's metadata as JSON (0 if it has none)."""
+    lines = offset_log_entry.splitlines()
+    metadata = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
+    return int(metadata.get("batchWatermarkMs", 0))
+
+
+def join_watermark(spark: SparkSession, checkpoint: str, batch_id: int) -> int:
+    """The watermark by which Spark's stream join drops micro-batch ``batch_id``'s late
+    events, from the query's offset log at ``checkpoint``: the one the batch before ran
+    with (0 for the first batch), or the batch's own where the session keeps one
+    watermark for all stateful operators (``statefulOperator.allowMultiple`` false), as
+    Spark does."""
+    multiple = spark.conf.get(_ALLOW_MULTIPLE, "true")
+    batch = batch_id - 1 if str(multiple).lower() != "false" else batch_id
+    if batch < 0:
+        return 0
+    path = f"offsets/{batch}"
+    try:
+        text = HadoopFs(spark, checkpoint).read_text(path)
+    except Exception as exc:
+        # A Py4J error's own text names only the call; the Java exception says what failed.
+        java = getattr(exc, "java_exception", None)
+        reason = str(java.toString()) if java is not None else str(exc)
+        raise CheckpointError(
+            f"cannot read {checkpoint}/{path} for the stream join's watermark: "
+            f"{reason.splitlines()[0]}"
+        ) from None
+    return batch_watermark(text)

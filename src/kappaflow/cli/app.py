@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kappaflow import __version__
-from kappaflow.cli import count, data, demo, jobs, services, topics
+from kappaflow.cli import count, data, demo, iot, jobs, services, topics
 from kappaflow.cli.context import Context, settings_options
 
 
@@ -40,5 +40,6 @@ for _command in (
     *data.COMMANDS,
     jobs.jobs,
     *count.COMMANDS,
+    *iot.COMMANDS,
 ):
     cli.add_command(_command)

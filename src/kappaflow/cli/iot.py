@@ -1,0 +1,143 @@
+"""``kappaflow iot``: the IoT telemetry application."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from kappaflow.cli.context import Context, pass_context
+from kappaflow.cli.data import TIME
+from kappaflow.cli.output import json_line, say
+from kappaflow.errors import CommandLineError
+from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
+from kappaflow.iot.simulator import FleetConfig, Simulation
+from kappaflow.iot.telemetry import EVENTS_TOPIC, READINGS_TOPIC
+from kappaflow.kafka.topics import DEFAULT_PARTITIONS
+from kappaflow.timeutil import parse_duration
+
+#: How far the clock moves per step: live, how often records leave; backfilling, how many
+#: go to the producer at once.
+_LIVE_STEP_S = 0.2
+_BACKFILL_STEP_S = 10.0
+
+
+@click.group()
+def iot() -> None:
+    """The IoT telemetry application: devices, their readings and alerts."""
+
+
+@iot.command()
+@click.option("--devices", type=click.IntRange(1, 1_000_000), default=1_000, show_default=True)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0.001),
+    default=1_000.0,
+    show_default=True,
+    help="readings a second, whole fleet (each device samples its six metrics in turn)",
+)
+@click.option(
+    "--duration", metavar="DURATION", help="simulated time to run (10m, 2h) [default: until Ctrl-C]"
+)
+@click.option(
+    "--start",
+    type=TIME,
+    help="backfill: run the clock from this time as fast as possible (needs --duration)",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="the same seed, the same run")
+@click.option(
+    "--anomalies-per-day",
+    type=click.FloatRange(min=0.0),
+    default=1.0,
+    show_default=True,
+    help="labelled anomalies a day per device and metric",
+)
+@click.option(
+    "--labels",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the ground truth, JSON lines [default: <state_dir>/iot/labels.jsonl]",
+)
+@click.option(
+    "--output",
+    type=click.Choice(["kafka", "stdout"]),
+    default="kafka",
+    show_default=True,
+    help="kafka: the readings and events topics; stdout: JSON lines {topic, key, value}",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PARTITIONS,
+    show_default=True,
+    help="partitions of the topics, if they are created",
+)
+@click.option("--readings-topic", default=READINGS_TOPIC, show_default=True)
+@click.option("--events-topic", default=EVENTS_TOPIC, show_default=True)
+@pass_context
+def simulate(
+    ctx: Context,
+    devices: int,
+    rate: float,
+    duration: str | None,
+    start: datetime | None,
+    seed: int,
+    anomalies_per_day: float,
+    labels: Path | None,
+    output: str,
+    partitions: int,
+    readings_topic: str,
+    events_topic: str,
+) -> None:
+    """Run a fleet of devices sending telemetry, with faults and labelled anomalies.
+
+    Readings go to the readings topic and heartbeats, commands and state changes to the
+    events topic, keyed by device. Devices skew their clocks, send out of order and
+    twice, and go silent; anomalies (spikes, level shifts, drifts, stuck sensors, changed
+    variance, dropouts) are written to the labels file as they begin. Prints what was
+    sent, as one JSON line, when it ends.
+    """
+    run_s = parse_duration(duration).total_seconds() if duration is not None else None
+    if start is not None and run_s is None:
+        raise CommandLineError("--start backfills a span of time: give --duration too")
+    config = FleetConfig(devices=devices, rate=rate, seed=seed, anomalies_per_day=anomalies_per_day)
+    begin = start.timestamp() if start is not None else time.time()
+    simulation = Simulation(config, begin)
+    truth = LabelsFile(labels or ctx.settings.state_dir / "iot" / "labels.jsonl")
+    sink: Sink = (
+        KafkaSink(
+            ctx.settings.kafka,
+            partitions=partitions,
+            topics={READINGS_TOPIC: readings_topic, EVENTS_TOPIC: events_topic},
+        )
+        if output == "kafka"
+        else LinesSink(sys.stdout)
+    )
+    live = start is None
+    stop = threading.Event()
+    try:
+        tally = feed(
+            simulation,
+            sink,
+            truth,
+            until=begin + run_s if run_s is not None else None,
+            live=live,
+            stop=stop,
+            step_s=_LIVE_STEP_S if live else _BACKFILL_STEP_S,
+        )
+    except KeyboardInterrupt:
+        # What was produced is flushed (feed closes the sink); Ctrl-C ends a live run.
+        tally = simulation.tally
+    summary = {**tally.to_json(), "labels": str(truth.path)}
+    if output == "kafka":
+        json_line(summary)
+    else:
+        # Standard output carries the records: the summary goes to standard error.
+        say(json.dumps(summary))
+
+
+COMMANDS = (iot,)

@@ -86,6 +86,43 @@ def test_a_stream_to_kafka_and_the_lake(spark: SparkSession) -> None:
     assert json.loads(dead["value"])["page"] == 3
 
 
+def refuses_slow_clicks(job: kf.Job) -> None:
+    clicks = job.source("clicks", Click, key="user")
+    too_slow = F.concat(F.lit("ms "), F.col("ms").cast("string"), F.lit(" is over a minute"))
+    kept = clicks.reject(F.col("ms") > 60_000, too_slow)
+    kept.select("user", "page", "ms").to(kf.topic("kept"))
+    # A second output of the refusing stream: its refusals are not sent again.
+    kept.where(F.col("page") == "/a").to(kf.topic("a-pages"))
+
+
+def test_records_a_rule_refuses_go_to_the_dead_letters_once(spark: SparkSession) -> None:
+    batches: list[list[Any]] = [
+        [
+            {"user": "ada", "page": "/a", "at": 1_700_000_000_000, "ms": 1500},
+            {"user": "bob", "page": "/b", "at": 1_700_000_001_000, "ms": 90_000},
+        ],
+        [b'{"user": "cy", "page": 3, "at": 1700000002000}'],
+        [
+            {"user": "cy", "page": "/a", "at": 1_700_000_003_000, "ms": 61_000},
+            {"user": "dan", "page": "/a", "at": 1_700_000_004_000},
+        ],
+    ]
+    out = kf.testing.run(refuses_slow_clicks, {"clicks": batches}, spark=spark, name="clicks")
+    assert out.records("kept") == [
+        {"user": "ada", "page": "/a", "ms": 1500},
+        {"user": "dan", "page": "/a"},
+    ]
+    assert [r["user"] for r in out.records("a-pages")] == ["ada", "dan"]
+    dead = sorted(out.dead_letters, key=lambda d: d["source_offset"])
+    assert [(d["source_offset"], d["error"]) for d in dead if "over a minute" in d["error"]] == [
+        (1, "ms 90000 is over a minute"),
+        (3, "ms 61000 is over a minute"),
+    ]
+    assert [d["source_offset"] for d in dead] == [1, 2, 3]
+    assert json.loads(dead[0]["value"]) == batches[0][1]
+    assert out.stats("kept")["dead_letters"] == 3
+
+
 def test_cli_misuse_of_app_jobs(cli: RunCli) -> None:
     env = {"PYTHONPATH": f"{SUPPORT}:{EXAMPLES}"}
     missing = cli("jobs", "start", "x", "--app", "no_such_module:build", env=env)

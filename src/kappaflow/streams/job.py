@@ -11,8 +11,9 @@ how late events are found and reported again with their original bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -79,6 +80,9 @@ class Source:
     model: type | None = None
     #: The joins a stream from this source went through (joins.py), in order.
     joins: tuple[Joined, ...] = ()
+    #: The records ``Stream.reject`` refused, each frame with its ``_kf_reason`` set: the
+    #: runtime sends them to the dead-letter topic.
+    rejected: tuple[DataFrame, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,22 @@ class Stream:
         return self._derive(self._frame.where(condition))
 
     filter = where
+
+    def reject(self, condition: Column | str, reason: str | Column) -> Stream:
+        """The records for which ``condition`` does not hold (or is null). Those for which
+        it holds go to the job's dead-letter topic with ``reason`` (a text, or a column
+        that words it per record), their original bytes and where they came from, and
+        count as dead letters: a rule the schema cannot say (a unit not known, a reading
+        from the far future) loses nothing it refuses."""
+        rule = F.expr(condition) if isinstance(condition, str) else condition
+        refused = F.coalesce(rule, F.lit(False))
+        why = F.lit(reason) if isinstance(reason, str) else reason
+        rows = self._frame.where(refused).withColumn(
+            "_kf_reason", F.coalesce(why, F.lit("refused by a rule of the job"))
+        )
+        derived = self._derive(self._frame.where(~refused))
+        derived.source = dataclasses.replace(self.source, rejected=(*self.source.rejected, rows))
+        return derived
 
     def with_column(self, name: str, value: Column) -> Stream:
         """The records with the column ``name`` set to ``value``."""

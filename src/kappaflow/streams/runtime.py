@@ -9,7 +9,7 @@ same code runs a job for real (Kafka, Redis, the lake) and under the test harnes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,10 +117,15 @@ def start_outputs(
     """One started query per output of ``job``."""
     queries = []
     carried: set[str] = set()
+    refused: set[int] = set()
     joined: dict[str, tuple[Source, DataFrame]] = {}
     for output in job.outputs:
         topic = output.stream.source.topic
-        frame = output_frame(output, dead_letters=topic not in carried)
+        # A refused record goes to the dead-letter topic once, with the first output of
+        # a stream that refused it.
+        rejects = [r for r in output.stream.source.rejected if id(r) not in refused]
+        refused.update(id(r) for r in rejects)
+        frame = output_frame(output, dead_letters=topic not in carried, rejects=rejects)
         carried.add(topic)
         for join in output.stream.source.joins:
             if join.carries is not None:
@@ -175,8 +180,11 @@ def _start(
     return stream.start()
 
 
-def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
-    """The rows of an output's query (OUTPUT_COLUMNS)."""
+def output_frame(
+    output: Output, *, dead_letters: bool, rejects: Sequence[DataFrame] = ()
+) -> DataFrame:
+    """The rows of an output's query (OUTPUT_COLUMNS), with ``rejects``: records
+    ``Stream.reject`` refused, as dead letters."""
     stream = output.stream
     source = stream.source
     # A whole source's dead letters travel with its rows: the source is read once.
@@ -230,6 +238,8 @@ def output_frame(output: Output, *, dead_letters: bool) -> DataFrame:
     frame = _shaped(rows)
     if dead_letters and not carried:
         frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))
+    for refused in rejects:
+        frame = frame.unionByName(_shaped(_dead_letters(refused)))
     for join in source.joins:
         for tap in join.taps:
             frame = frame.unionByName(_shaped(tap))

@@ -19,8 +19,9 @@ from pyspark.sql import functions as F
 import kappaflow as kf
 from kappaflow.cli.plan import show_plan
 from kappaflow.errors import KappaflowError
+from kappaflow.spark.checkpoint import batch_watermark
 from kappaflow.streams.runtime import declare, describe
-from kappaflow.streams.writer import batch_watermark, join_watermark
+from kappaflow.streams.writer import join_watermark
 from kappaflow.testing import BatchFiles
 
 

@@ -46,6 +46,14 @@ def committed(query_dir: Path, batch_id: int) -> bool:
     return (query_dir / "commits" / str(batch_id)).exists()
 
 
+def batch_watermark(offset_log_entry: str) -> int:
+    """The watermark (epoch ms) a micro-batch ran with, from its entry in a checkpoint's
+    offset log: a version line, then the batch's metadata as JSON (0 if it has none)."""
+    lines = offset_log_entry.splitlines()
+    metadata = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
+    return int(metadata.get("batchWatermarkMs", 0))
+
+
 def _json_line(lines: list[str], index: int) -> Offsets:
     value: Offsets = json.loads(lines[index])
     return value

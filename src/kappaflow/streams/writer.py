@@ -43,6 +43,7 @@ from kappaflow.counting.json_columns import (
     quoted,
 )
 from kappaflow.errors import CheckpointError, PartialBatchError
+from kappaflow.spark.checkpoint import batch_watermark
 from kappaflow.streams.backends import BatchAccount, Publisher, Record, ResultStore
 from kappaflow.streams.job import Source
 from kappaflow.streams.joins import BEHIND
@@ -449,14 +450,6 @@ def _held(rows: pa.Table) -> dict[int, int]:
 
 def _sum(column: pa.ChunkedArray) -> int:
     return int(pc.sum(column).as_py() or 0)
-
-
-def batch_watermark(offset_log_entry: str) -> int:
-    """The watermark (epoch ms) a micro-batch ran with, from its entry in a checkpoint's
-    offset log: a version line, then the batch's metadata as JSON (0 if it has none)."""
-    lines = offset_log_entry.splitlines()
-    metadata = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
-    return int(metadata.get("batchWatermarkMs", 0))
 
 
 def join_watermark(spark: SparkSession, checkpoint: str, batch_id: int) -> int:

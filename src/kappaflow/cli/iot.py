@@ -15,7 +15,9 @@ from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.data import TIME
 from kappaflow.cli.output import json_line, say
 from kappaflow.errors import CommandLineError
+from kappaflow.iot.evaluation import Verdict, corpus, judge, read_series, replay, write_scores
 from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
+from kappaflow.iot.models import ALERT_SCORE, DEFAULT_MODEL, MODELS
 from kappaflow.iot.simulator import FleetConfig, Simulation
 from kappaflow.iot.telemetry import EVENTS_TOPIC, READINGS_TOPIC
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS
@@ -138,6 +140,75 @@ def simulate(
     else:
         # Standard output carries the records: the summary goes to standard error.
         say(json.dumps(summary))
+
+
+@iot.command()
+@click.option(
+    "--input",
+    "input_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="a folder of CSV series (timestamp,value), searched recursively",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where each series' scores go, at the same relative path",
+)
+@click.option(
+    "--model",
+    type=click.Choice(sorted(MODELS)),
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="the anomaly model trained and scored with",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="readings per training micro-batch: each is scored with the model of the ones before",
+)
+def evaluate(input_dir: Path, out_dir: Path, model: str, batch: int) -> None:
+    """Score recorded series as the application scores a device's metric.
+
+    Every CSV file under --input (header timestamp,value; timestamps such as
+    2014-04-01 00:00:00, read as UTC) is one series. Its readings are learnt in
+    micro-batches by the model's trainer and each is scored with the parameters
+    published after the batches before it, as the trainer and scorer jobs do. For each
+    file, a CSV file timestamp,value,anomaly_score with one row per input row, in the
+    same order, is written at the same relative path under --out. Where the input has an
+    is_anomaly (or label) column, the detections at the alert score are judged against
+    it. Prints one JSON line: files, rows, seconds and the judgement.
+    """
+    files = corpus(input_dir)
+    if not files:
+        raise CommandLineError(f"{input_dir} holds no .csv file")
+    began = time.perf_counter()
+    rows = 0
+    verdict = Verdict()
+    labelled = 0
+    for path in files:
+        series = read_series(path)
+        scores = replay(series.values, MODELS[model], batch)
+        write_scores(out_dir / path.relative_to(input_dir), series, scores)
+        rows += len(scores)
+        if series.labels is not None:
+            labelled += 1
+            verdict.add(judge(scores, series.labels))
+    summary: dict[str, object] = {
+        "files": len(files),
+        "rows": rows,
+        "seconds": round(time.perf_counter() - began, 2),
+        "model": model,
+        "out": str(out_dir),
+    }
+    if labelled:
+        summary["labelled_files"] = labelled
+        summary["judgement"] = {"threshold": ALERT_SCORE, **verdict.to_json()}
+    json_line(summary)
 
 
 COMMANDS = (iot,)

@@ -1,0 +1,107 @@
+"""What every model shares: its trainer's bookkeeping and the parameters it publishes."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Published parameters: JSON-ready, with ``model``, ``version``, ``n`` (readings learnt),
+#: ``surprise`` (mean and spread of the raw surprise seen in training) and ``repeats``
+#: (the share of readings equal to the one before) beside each model's own.
+Params = dict[str, Any]
+
+#: Readings a model learns before its parameters score anything.
+WARMUP = 30
+#: How fast the trainer's view of its raw surprise forgets (per reading): a long memory,
+#: so that the spread of surprise reflects days of a metric, not its last hour.
+_SURPRISE_RATE = 1.0 / 2000.0
+_REPEAT_RATE = 1.0 / 500.0
+#: A value repeated this many times running is a stuck sensor, not a repeat.
+STUCK_RUN = 10
+
+
+class Trainer(ABC):
+    """Learns one series in order; ``params`` is what it would publish now."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.version = 0
+        self._surprise_mean = 1.0
+        self._surprise_var = 1.0
+        self._surprises = 0
+        self._repeats = 0.0
+        self._last: float | None = None
+        self._run = 0
+
+    def learn(self, values: Iterable[float]) -> Params:
+        """Learn a micro-batch of readings, in order, and return the next version."""
+        for value in values:
+            if not math.isfinite(value):
+                continue
+            if self.n >= WARMUP:
+                self._note_surprise(self.surprise(value))
+            self._run = self._run + 1 if value == self._last else 1
+            if self._last is not None and self._run < STUCK_RUN:
+                # A stuck stretch is not learnt as repeats: it would make itself normal.
+                same = 1.0 if self._run > 1 else 0.0
+                self._repeats += _REPEAT_RATE * (same - self._repeats)
+            self._last = value
+            self.update(value)
+            self.n += 1
+        self.version += 1
+        return self.params()
+
+    def _note_surprise(self, raw: float) -> None:
+        # Outliers in training would widen the spread that later outliers are judged by:
+        # a surprise is capped at six spreads above the mean before it is learnt.
+        cap = self._surprise_mean + 6.0 * math.sqrt(self._surprise_var)
+        raw = min(raw, cap)
+        self._surprises += 1
+        # A running mean and variance at first (from a prior of 1 and 1), then forgetting.
+        rate = max(_SURPRISE_RATE, 1.0 / (self._surprises + 1))
+        delta = raw - self._surprise_mean
+        self._surprise_mean += rate * delta
+        self._surprise_var = (1.0 - rate) * (self._surprise_var + rate * delta * delta)
+
+    def params(self) -> Params:
+        return {
+            "model": self.name,
+            "version": self.version,
+            "n": self.n,
+            "surprise": [self._surprise_mean, math.sqrt(self._surprise_var)],
+            "repeats": self._repeats,
+            **self.state(),
+        }
+
+    @abstractmethod
+    def update(self, value: float) -> None:
+        """Learn one reading."""
+
+    @abstractmethod
+    def surprise(self, value: float) -> float:
+        """The raw surprise of ``value`` against what has been learnt so far."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """The model's own parameters, JSON-ready."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A family of models: how to train one, and how to score with its parameters."""
+
+    name: str
+    trainer: Callable[[], Trainer]
+    #: The raw surprise of a reading given published parameters and the readings before it
+    #: (oldest first, at most ``history`` of them).
+    raw: Callable[[Params, Sequence[float], float], float]
+    history: int
+    summary: str
+    #: What the scorer remembers of a reading for the next ones' ``raw`` (by default the
+    #: reading itself; a forecaster remembers an outlier clipped, as its trainer does).
+    remember: Callable[[Params, Sequence[float], float], float] = lambda _p, _h, value: value

@@ -1,0 +1,62 @@
+"""From raw surprise to an anomaly score in [0, 1], with the parameters last received.
+
+A model's raw surprise means different things on different series (a forecast error of
+three spreads is rare on a smooth temperature, common on a bursty request rate), so the
+scorer judges it against the surprise the trainer saw on the same series: the mean of the
+last ``smooth`` raw surprises is taken as a normal deviate against the trainer's mean and
+spread of surprise, and its upper tail probability ``p`` becomes the score
+``-log10(p) / _LOG_CAP``, clipped to [0, 1]. A score of 0.5 is a tail of 1e-5, 1.0 a tail
+of 1e-10: a long-run rate of false alarms, not a guess at a probability of anomaly.
+
+A sensor that repeats one value ``STUCK_RUN`` times, on a series that seldom repeats a
+value (``repeats`` in the parameters), scores at least ``ALERT_SCORE`` while it lasts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from kappaflow.iot.models.base import STUCK_RUN, WARMUP, Model, Params
+
+#: The score at and above which a reading is anomalous, for the alert rules and for the
+#: evaluation's detections.
+ALERT_SCORE = 0.5
+_LOG_CAP = 10.0
+_MIN_TAIL = 1e-300
+_RARE_REPEATS = 0.02
+_TINY = 1e-9
+
+
+class Scorer:
+    """Scores the readings of one series, in order, each with the parameters given."""
+
+    def __init__(self, model: Model, smooth: int = 1) -> None:
+        self.model = model
+        self._history: deque[float] = deque(maxlen=max(model.history, 1))
+        self._raw: deque[float] = deque(maxlen=max(smooth, 1))
+        self._run = 0
+        self._last: float | None = None
+
+    def score(self, value: float, params: Params | None) -> float:
+        """The anomaly score of ``value``, then remember it as the latest reading."""
+        if not math.isfinite(value):
+            return 1.0
+        self._run = self._run + 1 if value == self._last else 1
+        self._last = value
+        remembered = value
+        try:
+            if params is None or params["n"] < WARMUP:
+                return 0.0
+            remembered = self.model.remember(params, self._history, value)
+            raw = self.model.raw(params, self._history, value)
+            self._raw.append(raw)
+            mean, spread = params["surprise"]
+            z = (sum(self._raw) / len(self._raw) - mean) / max(spread, _TINY)
+            tail = max(0.5 * math.erfc(z / math.sqrt(2.0)), _MIN_TAIL)
+            score = min(1.0, max(0.0, -math.log10(tail) / _LOG_CAP))
+            if self._run >= STUCK_RUN and params["repeats"] < _RARE_REPEATS:
+                score = max(score, ALERT_SCORE)
+            return score
+        finally:
+            self._history.append(remembered)

@@ -1,0 +1,150 @@
+"""The IoT anomaly models, their scorer and ``kappaflow iot evaluate``, on made series."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import RunCli
+
+from kappaflow.iot.evaluation import incidents, judge, replay
+from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
+
+
+def _daily(n: int, seed: int = 5) -> list[float]:
+    """A minute-sampled metric with a daily cycle and noise."""
+    rng = np.random.default_rng(seed)
+    minutes = np.arange(n)
+    cycle = 50.0 + 8.0 * np.sin(2 * math.pi * minutes / 1440.0)
+    return [float(v) for v in cycle + rng.normal(0.0, 1.0, n)]
+
+
+def test_a_spike_and_a_level_shift_score_high_and_the_rest_low() -> None:
+    values = _daily(3000)
+    values[1500] += 12.0
+    for row in range(2200, 2300):
+        values[row] += 10.0
+    scores = replay(values, MODELS["forecast"], batch=16)
+    assert len(scores) == len(values)
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    assert scores[1500] >= ALERT_SCORE
+    assert max(scores[2200:2203]) >= ALERT_SCORE
+    labels = [False] * len(values)
+    labels[1500] = True
+    for row in range(2200, 2300):
+        labels[row] = True
+    verdict = judge(scores, labels)
+    assert verdict.found == 2
+    # Beyond the two incidents, noise alone raises almost nothing.
+    assert verdict.false_alarms <= 3, verdict.to_json()
+
+
+def test_robust_statistics_find_a_spike_but_lag_a_daily_cycle() -> None:
+    values = _daily(3000)
+    values[1500] += 12.0
+    for row in range(2200, 2300):
+        values[row] += 10.0
+    scores = replay(values, MODELS["robust"], batch=16)
+    assert scores[1500] >= ALERT_SCORE
+    # Its level trails the cycle by about an hour and a half of readings, which widens
+    # its spread: a shift of ten noise deviations stays under the alert score.
+    assert max(scores[2200:2203]) < ALERT_SCORE
+
+
+def test_a_stuck_sensor_scores_at_the_alert_score() -> None:
+    values = _daily(1500)
+    for row in range(1200, 1260):
+        values[row] = values[1199]
+    scores = replay(values, MODELS["robust"], batch=16)
+    assert max(scores[1200:1208]) < ALERT_SCORE
+    assert min(scores[1215:1260]) >= ALERT_SCORE
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_published_parameters_score_the_same_after_a_trip_through_json(name: str) -> None:
+    values = _daily(800, seed=9)
+    trainer = MODELS[name].trainer()
+    for begin in range(0, 700, 50):
+        params = trainer.learn(values[begin : begin + 50])
+    assert params["version"] == 14 and params["n"] == 700 and params["model"] == name
+    sent = json.loads(json.dumps(params))
+    direct, carried = Scorer(MODELS[name]), Scorer(MODELS[name])
+    for value in values[700:]:
+        assert direct.score(value, params) == carried.score(value, sent)
+
+
+def test_the_scorer_keeps_scoring_with_the_last_parameters_it_has() -> None:
+    values = _daily(600)
+    params = MODELS["forecast"].trainer().learn(values[:500])
+    scorer = Scorer(MODELS["forecast"])
+    assert scorer.score(values[500], None) == 0.0
+    # No newer parameters come (the trainer is stopped): scoring goes on with these.
+    scores = [scorer.score(v, params) for v in values[501:]]
+    spike = scorer.score(values[-1] + 15.0, params)
+    assert max(scores) < ALERT_SCORE <= spike
+
+
+def test_judge_counts_incidents_alarms_and_delays() -> None:
+    labels = [False] * 100
+    for row in (*range(20, 30), *range(60, 65)):
+        labels[row] = True
+    assert [(i.start, i.end) for i in incidents(labels)] == [(20, 30), (60, 65)]
+    scores = [0.0] * 100
+    scores[23] = scores[24] = 0.9  # one alarm, three rows into the first incident
+    scores[45] = 0.7  # a false alarm
+    verdict = judge(scores, labels)
+    assert (verdict.found, verdict.alarms, verdict.false_alarms) == (1, 2, 1)
+    assert verdict.delays == [3]
+    assert verdict.recall == 0.5 and verdict.precision == 0.5
+    assert 0.0 < verdict.nab_score < 50.0
+
+
+def _write(path: Path, rows: list[tuple[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["timestamp", "value"])
+        writer.writerows(rows)
+
+
+def test_evaluate_writes_each_series_scores_at_its_path_in_its_order(
+    cli: RunCli, tmp_path: Path
+) -> None:
+    hourly = [
+        (f"2014-04-{1 + h // 24:02d} {h % 24:02d}:00:00", f"{v:g}")
+        for h, v in enumerate(_daily(400))
+    ]
+    seconds = [
+        (f"2019-07-01 00:{s // 60:02d}:{s % 60:02d}", str(v))
+        for s, v in enumerate(_daily(300, seed=2))
+    ]
+    seconds[150] = (seconds[150][0], "")  # a missing value keeps its row
+    _write(tmp_path / "in" / "servers" / "cpu.csv", hourly)
+    _write(tmp_path / "in" / "traffic.csv", seconds)
+    result = cli("iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"))
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert (summary["files"], summary["rows"]) == (2, 700)
+    for name, rows in (("servers/cpu.csv", hourly), ("traffic.csv", seconds)):
+        with (tmp_path / "out" / name).open() as scored:
+            lines = list(csv.reader(scored))
+        assert lines[0] == ["timestamp", "value", "anomaly_score"]
+        assert [(t, v) for t, v, _ in lines[1:]] == rows
+        assert all(0.0 <= float(s) <= 1.0 for _, _, s in lines[1:])
+
+
+def test_evaluate_refuses_a_file_without_the_header_in_one_line(
+    cli: RunCli, tmp_path: Path
+) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bad.csv").write_text("time,reading\n2014-04-01 00:00:00,1\n")
+    result = cli("iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"))
+    assert result.code != 0
+    assert "timestamp,value" in result.err and "Traceback" not in result.err
+    (tmp_path / "in" / "bad.csv").write_text("timestamp,value\nyesterday,1\n")
+    result = cli("iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"))
+    assert result.code != 0 and "bad.csv:2" in result.err

@@ -353,6 +353,12 @@ class MissingParameterError(JobError, LookupError):
     code = "KF609"
 
 
+class InvalidParameterError(JobError, ValueError):
+    """A job parameter (-P KEY=VALUE) has a value the job cannot use."""
+
+    code = "KF616"
+
+
 class JobDirError(JobError, PermissionError):
     """The job's directory cannot be created."""
 

@@ -22,8 +22,8 @@ from kappaflow.streams.runtime import (
     Build,
     declare,
     lake_paths,
-    output_topics,
     start_outputs,
+    topic_configs,
 )
 from kappaflow.streams.shipping import ship_user_code
 from kappaflow.streams.sinks import RedisSink
@@ -97,8 +97,8 @@ def start_app(
 
 def _create_topics(settings: Settings, job: Job) -> None:
     kafka = settings.kafka
-    for topic in output_topics(job):
-        create_topic(kafka, topic, exist_ok=True)
+    for topic, configs in topic_configs(job).items():
+        create_topic(kafka, topic, exist_ok=True, configs=configs)
     create_topic(
         kafka,
         commits_topic(job.name),

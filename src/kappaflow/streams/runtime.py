@@ -98,12 +98,28 @@ def declare(
 
 def output_topics(job: Job) -> list[str]:
     """Every topic the job publishes to."""
-    topics = {f"{job.name}.late", f"{job.name}.dlq"}
+    return sorted(topic_configs(job))
+
+
+#: A compacted output's topic: segments roll every ten minutes and are cleaned once a
+#: tenth of the log is superseded, so that a table read of it (``job.table``) reads little
+#: more than the latest record per key.
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
+
+
+def topic_configs(job: Job) -> dict[str, dict[str, str]]:
+    """Every topic the job publishes to, with the configuration it is created with."""
+    topics: dict[str, dict[str, str]] = {f"{job.name}.late": {}, f"{job.name}.dlq": {}}
     for output in job.outputs:
         for sink in output.sinks:
             if isinstance(sink, KafkaSink):
-                topics.add(sink.topic or f"{job.name}.{output.name}")
-    return sorted(topics)
+                name = sink.topic or f"{job.name}.{output.name}"
+                topics[name] = dict(COMPACTED) if sink.compact else topics.get(name, {})
+    return topics
 
 
 def start_outputs(

@@ -23,10 +23,12 @@ class KafkaSink:
 
     ``topic`` None means the output's own topic, ``JOB.OUTPUT``. A windowed aggregate's
     records there are its changelog: every change of a window's values, with the values
-    before it; a stream's records are its rows as JSON objects.
+    before it; a stream's records are its rows as JSON objects. ``compact``: the topic is
+    created compacted, keeping at least the latest record of each key.
     """
 
     topic: str | None = None
+    compact: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,13 @@ class ParquetSink:
 Sink = KafkaSink | RedisSink | ParquetSink
 
 
-def topic(name: str | None = None) -> KafkaSink:
-    """Publish to the Kafka topic ``name`` (default: the output's own, ``JOB.OUTPUT``)."""
+def topic(name: str | None = None, *, compact: bool = False) -> KafkaSink:
+    """Publish to the Kafka topic ``name`` (default: the output's own, ``JOB.OUTPUT``);
+    ``compact=True`` creates it compacted (the latest record per key is kept), for an
+    output read as a table (``job.table``). A topic that exists is left as it is."""
     if name is not None and not _TOPIC.match(name):
         raise InvalidSinkError(f"topic sink: {name!r} is not a valid topic name")
-    return KafkaSink(name)
+    return KafkaSink(name, compact)
 
 
 def store() -> RedisSink:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 from kappaflow.iot.models.base import STUCK_RUN, WARMUP, Model, Params
 
@@ -37,6 +38,26 @@ class Scorer:
         self._raw: deque[float] = deque(maxlen=max(smooth, 1))
         self._run = 0
         self._last: float | None = None
+
+    def state(self) -> dict[str, Any]:
+        """What the scorer remembers, JSON-ready, for ``restore``."""
+        return {
+            "history": list(self._history),
+            "raw": list(self._raw),
+            "run": self._run,
+            "last": self._last,
+        }
+
+    @classmethod
+    def restore(cls, model: Model, state: dict[str, Any] | None, smooth: int = 1) -> Scorer:
+        """A scorer of ``model`` remembering ``state`` (from ``state()``; None: nothing)."""
+        scorer = cls(model, smooth)
+        if state is not None:
+            scorer._history.extend(state["history"])
+            scorer._raw.extend(state["raw"])
+            scorer._run = int(state["run"])
+            scorer._last = state["last"]
+        return scorer
 
     def score(self, value: float, params: Params | None) -> float:
         """The anomaly score of ``value``, then remember it as the latest reading."""

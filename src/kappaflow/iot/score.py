@@ -1,0 +1,140 @@
+"""The scoring job: every clean reading scored with the latest model of its metric.
+
+Written on the public job API only. Start it with::
+
+    kappaflow jobs start iot-score --app kappaflow.iot.score:build
+
+Each reading of ``telemetry.clean`` (``-P source=...``) is joined to the compacted topic
+``models`` (``-P models=...``) as a table, seen as it is at each micro-batch, and scored
+per device and metric by a ``kappaflow.iot.models.Scorer`` that keeps the readings its
+model needs (a forecaster's last few) and the last parameters it was given. A reading
+whose metric has no model yet scores 0; when the trainer stops, the table keeps its last
+parameters and scoring goes on with them. Scores go to ``scores`` (``-P dest=...``),
+keyed by ``[device, metric]``::
+
+    {"device": "dev-000042", "metric": "cpu_temp", "value": 61.2,
+     "time": "2026-11-25T09:00:01.250Z", "id": "...", "score": 0.07,
+     "model": "forecast", "model_version": 118}
+
+A ``models`` record whose parameters do not parse, or that names a model family this
+version does not know, goes to the job's dead-letter topic and leaves the key's last
+good parameters in use. Readings behind the watermark are scored too
+(``late="function"``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import kappaflow as kf
+from kappaflow.iot.clean import CLEAN_TOPIC
+from kappaflow.iot.models import MODELS, Params, Scorer
+from kappaflow.iot.train import (
+    FORGET_AFTER,
+    MODELS_TOPIC,
+    CleanReading,
+    ModelUpdate,
+    forget_after,
+)
+from kappaflow.streams.stateful import StatefulFunction
+
+SCORES_TOPIC = "scores"
+
+
+@dataclass
+class Modelled:
+    """A clean reading with its metric's latest model, where there is one."""
+
+    device: str
+    metric: str
+    value: float
+    time: datetime
+    id: str
+    model: str | None
+    version: int | None
+    params: str | None
+
+
+@dataclass
+class Score:
+    device: str
+    metric: str
+    value: float
+    time: datetime
+    id: str
+    score: float
+    model: str | None
+    model_version: int | None
+
+
+@dataclass
+class Scoring:
+    #: The scorer's memory (``Scorer.state``), as JSON text; empty for a new key.
+    scorer: str = ""
+    #: The parameters last scored with, as JSON text, and their version.
+    params: str = ""
+    version: int = 0
+
+
+def _params(state: Scoring, event: Modelled) -> tuple[Params | None, int | None]:
+    """The newest parameters known for the key: the event's, where newer and readable."""
+    if event.params is not None and event.version is not None and event.version > state.version:
+        try:
+            params = json.loads(event.params)
+        except ValueError:
+            params = None
+        known = isinstance(params, dict) and params.get("model") in MODELS
+        if known and isinstance(params, dict) and params["model"] == event.model:
+            state.params, state.version = event.params, event.version
+            return params, event.version
+    if state.params:
+        return json.loads(state.params), state.version
+    return None, None
+
+
+def scorer_function(ttl: str | None = FORGET_AFTER) -> StatefulFunction[Scoring]:
+    @kf.stateful(state=Scoring, output=Score, ttl=ttl, late="function")
+    def score(
+        key: tuple[Any, ...], events: list[Modelled], ctx: kf.StateContext[Scoring]
+    ) -> Iterator[Score]:
+        scorer: Scorer | None = None
+        for e in events:
+            params, version = _params(ctx.state, e)
+            if params is None:
+                yield Score(e.device, e.metric, e.value, e.time, e.id, 0.0, None, None)
+                continue
+            family = MODELS[params["model"]]
+            if scorer is None or scorer.model is not family:
+                memory = json.loads(ctx.state.scorer) if ctx.state.scorer else None
+                scorer = Scorer.restore(family, memory)
+            value = scorer.score(e.value, params)
+            yield Score(e.device, e.metric, e.value, e.time, e.id, value, family.name, version)
+        if scorer is not None:
+            ctx.state.scorer = json.dumps(scorer.state())
+
+    return score
+
+
+def build(job: kf.Job) -> None:
+    readings = job.source(
+        job.param("source", CLEAN_TOPIC),
+        CleanReading,
+        key="device",
+        time="time",
+        watermark="1m",
+    )
+    models = job.table(job.param("models", MODELS_TOPIC), ModelUpdate, key=["device", "metric"])
+    modelled = readings.join(models, on=["device", "metric"], how="left").select(
+        "device", "metric", "value", "time", "id", "model", "version", "params"
+    )
+    scores = modelled.process(
+        scorer_function(forget_after(job)),
+        by=["device", "metric"],
+        name="scores",
+        record=Modelled,
+    )
+    scores.to(kf.topic(job.param("dest", SCORES_TOPIC)))

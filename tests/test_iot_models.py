@@ -148,3 +148,33 @@ def test_evaluate_refuses_a_file_without_the_header_in_one_line(
     (tmp_path / "in" / "bad.csv").write_text("timestamp,value\nyesterday,1\n")
     result = cli("iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"))
     assert result.code != 0 and "bad.csv:2" in result.err
+
+
+def test_evaluate_through_kafka_and_the_jobs_scores_as_the_trainer_and_scorer_do_alone(
+    cli: RunCli, tmp_path: Path
+) -> None:
+    """The live path (Kafka, the training job, the models topic, the scoring job) gives
+    each row the score the same trainer and scorer give it in one process."""
+    spiked = _daily(300, seed=4)
+    spiked[200] += 15.0
+    _write(
+        tmp_path / "in" / "a" / "temp.csv",
+        [(f"2014-04-01 {m // 60:02d}:{m % 60:02d}:00", repr(v)) for m, v in enumerate(spiked)],
+    )
+    _write(
+        tmp_path / "in" / "load.csv",
+        [(f"2019-07-01 00:00:{s:02d}", repr(v)) for s, v in enumerate(_daily(60, seed=8))],
+    )
+    outs = {}
+    for route in ("kafka", "local"):
+        out = tmp_path / route
+        result = cli(
+            "iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(out),
+            "--batch", "64", "--path", route,
+        )  # fmt: skip
+        assert result.code == 0, result.err
+        assert json.loads(result.out)["rows"] == 360
+        outs[route] = {name: (out / name).read_text() for name in ("a/temp.csv", "load.csv")}
+    assert outs["kafka"] == outs["local"]
+    temp = list(csv.reader(outs["kafka"]["a/temp.csv"].splitlines()))[1:]
+    assert float(temp[200][2]) >= ALERT_SCORE

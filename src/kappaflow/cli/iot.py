@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -15,7 +16,15 @@ from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.data import TIME
 from kappaflow.cli.output import json_line, say
 from kappaflow.errors import CommandLineError
-from kappaflow.iot.evaluation import Verdict, corpus, judge, read_series, replay, write_scores
+from kappaflow.iot.evaluation import (
+    Series,
+    Verdict,
+    corpus,
+    judge,
+    read_series,
+    replay,
+    write_scores,
+)
 from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
 from kappaflow.iot.models import ALERT_SCORE, DEFAULT_MODEL, MODELS
 from kappaflow.iot.simulator import FleetConfig, Simulation
@@ -167,17 +176,32 @@ def simulate(
 @click.option(
     "--batch",
     type=click.IntRange(min=1),
-    default=16,
+    default=512,
     show_default=True,
-    help="readings per training micro-batch: each is scored with the model of the ones before",
+    help="rows of each series per round, after rounds of 16, 32, ... rows: each round is "
+    "scored with the model learnt from the rounds before",
 )
-def evaluate(input_dir: Path, out_dir: Path, model: str, batch: int) -> None:
+@click.option(
+    "--path",
+    "route",
+    type=click.Choice(["kafka", "local"]),
+    default="kafka",
+    show_default=True,
+    help="kafka: through Kafka, the training job, the models topic and the scoring job, "
+    "as live readings go; local: the same trainer and scorer in this process",
+)
+@pass_context
+def evaluate(
+    ctx: Context, input_dir: Path, out_dir: Path, model: str, batch: int, route: str
+) -> None:
     """Score recorded series as the application scores a device's metric.
 
     Every CSV file under --input (header timestamp,value; timestamps such as
-    2014-04-01 00:00:00, read as UTC) is one series. Its readings are learnt in
-    micro-batches by the model's trainer and each is scored with the parameters
-    published after the batches before it, as the trainer and scorer jobs do. For each
+    2014-04-01 00:00:00, read as UTC) is one series, replayed as one device's metric.
+    Its readings go in rounds of --batch to the scoring job, then to the training job,
+    and each is scored with the model learnt from the rounds before its own (with
+    --path local, the same trainer and scorer run in this process, with the same
+    scores). For each
     file, a CSV file timestamp,value,anomaly_score with one row per input row, in the
     same order, is written at the same relative path under --out. Where the input has an
     is_anomaly (or label) column, the detections at the alert score are judged against
@@ -187,28 +211,56 @@ def evaluate(input_dir: Path, out_dir: Path, model: str, batch: int) -> None:
     if not files:
         raise CommandLineError(f"{input_dir} holds no .csv file")
     began = time.perf_counter()
+    series = {path.relative_to(input_dir).as_posix(): read_series(path) for path in files}
+    if route == "local":
+        scores = {name: replay(s.values, MODELS[model], batch) for name, s in series.items()}
+    else:
+        scores = _through_kafka(ctx, series, model, batch)
     rows = 0
     verdict = Verdict()
     labelled = 0
-    for path in files:
-        series = read_series(path)
-        scores = replay(series.values, MODELS[model], batch)
-        write_scores(out_dir / path.relative_to(input_dir), series, scores)
-        rows += len(scores)
-        if series.labels is not None:
+    for name, s in series.items():
+        write_scores(out_dir / name, s, scores[name])
+        rows += len(s.values)
+        if s.labels is not None:
             labelled += 1
-            verdict.add(judge(scores, series.labels))
+            verdict.add(judge(scores[name], s.labels))
     summary: dict[str, object] = {
         "files": len(files),
         "rows": rows,
         "seconds": round(time.perf_counter() - began, 2),
         "model": model,
+        "path": route,
+        "batch": batch,
         "out": str(out_dir),
     }
     if labelled:
         summary["labelled_files"] = labelled
         summary["judgement"] = {"threshold": ALERT_SCORE, **verdict.to_json()}
     json_line(summary)
+
+
+def _through_kafka(
+    ctx: Context, series: dict[str, Series], model: str, batch: int
+) -> dict[str, list[float]]:
+    from kappaflow import services as svc
+    from kappaflow.iot.replay import replay_through_kafka
+    from kappaflow.spark.session import build_session
+
+    def progress(done: int, rounds: int) -> None:
+        if done == rounds or done % 10 == 0:
+            say(f"round {done} of {rounds}")
+
+    # The jobs log each micro-batch on standard output; this command's output is its
+    # JSON line alone.
+    with svc.embedded_services(ctx.settings, say), contextlib.redirect_stdout(sys.stderr):
+        spark = build_session(ctx.settings, "kappaflow-iot-evaluate")
+        try:
+            return replay_through_kafka(
+                ctx.settings, spark, series, model=model, batch=batch, progress=progress
+            )
+        finally:
+            spark.stop()
 
 
 COMMANDS = (iot,)

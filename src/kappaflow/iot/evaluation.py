@@ -5,8 +5,9 @@ A series is a CSV file with the header ``timestamp,value`` (more columns may fol
 are written like ``2014-04-01 00:00:00`` and read as UTC.
 
 ``replay`` runs a series through a trainer and a scorer as the application does: the
-readings come in micro-batches of ``batch``; each is scored with the parameters the
-trainer published after the batches before it, then learnt. ``incidents`` and ``judge``
+readings come in micro-batches (``rounds``: small at first, then of ``batch``); each is
+scored with the parameters the trainer published after the batches before it, then
+learnt. ``incidents`` and ``judge``
 measure the detections against the labels.
 """
 
@@ -88,14 +89,31 @@ def write_scores(path: Path, series: Series, scores: Sequence[float]) -> None:
             rows.writerow([stamp, text, f"{score:.6f}"])
 
 
+#: The first micro-batch of a replay; each next one is twice as large, up to ``batch``, so
+#: that a series is scored from its first dozens of readings on, and then in large rounds.
+FIRST_BATCH = 16
+
+
+def rounds(length: int, batch: int) -> list[range]:
+    """The rows of each micro-batch of a replay of ``length`` rows: ``FIRST_BATCH`` rows,
+    then twice as many each time, up to ``batch`` rows."""
+    found: list[range] = []
+    begin, size = 0, min(FIRST_BATCH, batch)
+    while begin < length:
+        found.append(range(begin, min(begin + size, length)))
+        begin += size
+        size = min(size * 2, batch)
+    return found
+
+
 def replay(values: Sequence[float], model: Model, batch: int) -> list[float]:
     """Each value's score, scored with the parameters of the batches before its own."""
     trainer = model.trainer()
     scorer = Scorer(model)
     params: Params | None = None
     scores: list[float] = []
-    for begin in range(0, len(values), batch):
-        chunk = values[begin : begin + batch]
+    for rows in rounds(len(values), batch):
+        chunk = values[rows.start : rows.stop]
         scores.extend(0.0 if math.isnan(v) else scorer.score(v, params) for v in chunk)
         params = trainer.learn(chunk)
     return scores

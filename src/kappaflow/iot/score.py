@@ -8,7 +8,8 @@ Each reading of ``telemetry.clean`` (``-P source=...``) is joined to the compact
 ``models`` (``-P models=...``) as a table, seen as it is at each micro-batch, and scored
 per device and metric by a ``kappaflow.iot.models.Scorer`` that keeps the readings its
 model needs (a forecaster's last few) and the last parameters it was given. A reading
-whose metric has no model yet scores 0; when the trainer stops, the table keeps its last
+whose metric has no model yet scores 0 (and is remembered for the model of ``-P
+model=...``, the trainer's); when the trainer stops, the table keeps its last
 parameters and scoring goes on with them. Scores go to ``scores`` (``-P dest=...``),
 keyed by ``[device, metric]``::
 
@@ -39,6 +40,7 @@ from kappaflow.iot.train import (
     CleanReading,
     ModelUpdate,
     forget_after,
+    model_family,
 )
 from kappaflow.streams.stateful import StatefulFunction
 
@@ -96,23 +98,28 @@ def _params(state: Scoring, event: Modelled) -> tuple[Params | None, int | None]
     return None, None
 
 
-def scorer_function(ttl: str | None = FORGET_AFTER) -> StatefulFunction[Scoring]:
+def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunction[Scoring]:
+    """The per-key scoring function; ``model`` is the family whose scorer remembers the
+    readings that come before the key's first parameters."""
+    default = MODELS[model]
+
     @kf.stateful(state=Scoring, output=Score, ttl=ttl, late="function")
     def score(
         key: tuple[Any, ...], events: list[Modelled], ctx: kf.StateContext[Scoring]
     ) -> Iterator[Score]:
+        memory = json.loads(ctx.state.scorer) if ctx.state.scorer else None
         scorer: Scorer | None = None
         for e in events:
             params, version = _params(ctx.state, e)
-            if params is None:
-                yield Score(e.device, e.metric, e.value, e.time, e.id, 0.0, None, None)
-                continue
-            family = MODELS[params["model"]]
+            family = MODELS[params["model"]] if params is not None else default
             if scorer is None or scorer.model is not family:
-                memory = json.loads(ctx.state.scorer) if ctx.state.scorer else None
+                memory = scorer.state() if scorer is not None else memory
                 scorer = Scorer.restore(family, memory)
+            # Without parameters the score is 0, and the reading is still remembered: the
+            # first model's first forecasts need the readings before it.
             value = scorer.score(e.value, params)
-            yield Score(e.device, e.metric, e.value, e.time, e.id, value, family.name, version)
+            name = family.name if params is not None else None
+            yield Score(e.device, e.metric, e.value, e.time, e.id, value, name, version)
         if scorer is not None:
             ctx.state.scorer = json.dumps(scorer.state())
 
@@ -132,7 +139,7 @@ def build(job: kf.Job) -> None:
         "device", "metric", "value", "time", "id", "model", "version", "params"
     )
     scores = modelled.process(
-        scorer_function(forget_after(job)),
+        scorer_function(model_family(job), forget_after(job)),
         by=["device", "metric"],
         name="scores",
         record=Modelled,

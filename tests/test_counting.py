@@ -1,4 +1,5 @@
-"""Continuous counting against the real broker, Redis and Spark: semantics and exactly-once."""
+"""Continuous counting against the real broker, Redis and Spark: its semantics. Exactly-once
+through crashes, restarts, a replay and a removal: test_count_recovery.py."""
 
 from __future__ import annotations
 
@@ -12,31 +13,22 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import redis
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer
 from conftest import Result, RunCli, error_line, run_kappaflow
-from faults import CRASH_AT, CRASH_RECORD
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
-from kappaflow.counting.job import OUTPUT
-from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobState
-from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.kafka.topics import list_topics, topic_partitions
 from kappaflow.settings import Settings
-from kappaflow.spark.checkpoint import committed, offsets_consumed
-from kappaflow.streams.writer import STEPS
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 
-SUPPORT = Path(__file__).resolve().parent / "support"
 TIME_REFUSED = "time field 'ts' is not epoch milliseconds or ISO-8601 with a zone"
 WINDOW_MS = 10_000
 # A minute boundary, so windows line up with the events below.
@@ -105,28 +97,6 @@ def changelog(settings: Settings, job: str) -> list[dict[str, Any]]:
         }
         for c in topic_values(settings, f"{job}.counts")
     ]
-
-
-def uncommitted_values(settings: Settings, topic: str) -> list[bytes]:
-    """Every record value in ``topic``, aborted transactions' too (read_uncommitted)."""
-    reader = consumer(settings.kafka, **{"isolation.level": "read_uncommitted"})
-    try:
-        partitions = topic_partitions(settings.kafka, topic)
-        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        values: list[bytes] = []
-        at_end: set[int] = set()
-        while len(at_end) < len(partitions):
-            message = reader.poll(5.0)
-            assert message is not None, f"no end of {topic} within 5 s"
-            error = message.error()
-            if error is not None:
-                assert error.code() == KafkaError._PARTITION_EOF, error
-                at_end.add(message.partition() or 0)
-                continue
-            values.append(message.value() or b"")
-        return values
-    finally:
-        reader.close()
 
 
 def start(
@@ -286,199 +256,6 @@ def test_event_times_keys_and_every_dead_letter_reason(
         original = base64.b64decode(letter["value_base64"]) if letter["value_base64"] else None
         assert original == raw  # the original bytes, and where they came from
         assert (letter["source_topic"], letter["source_partition"]) == (source, 0)
-
-
-def start_with_crash(
-    cli: RunCli, job: str, source: str, step: str, first_batch: int, record: Path
-) -> None:
-    """Start counting job ``job`` through the fault-injection pipeline (tests/support)."""
-    params = CountSpec(
-        source=source,
-        key_field="page",
-        time_field="ts",
-        id_field="id",
-        window_ms=WINDOW_MS,
-        watermark_ms=5_000,
-        allowed_lateness_ms=20_000,
-    ).to_params()
-    result = cli(
-        "jobs",
-        "start",
-        job,
-        "--pipeline",
-        "faults:COUNT_WITH_CRASH",
-        *itertools.chain.from_iterable(("-P", f"{k}={v}") for k, v in params.items()),
-        env={
-            "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
-            CRASH_AT: f"{step}:{first_batch}",
-            CRASH_RECORD: str(record),
-        },
-    )
-    assert result.code == 0, result.err
-
-
-# A crash before a batch writes anything re-runs it like any other; the steps after a
-# write are where exactly-once could break.
-@pytest.mark.parametrize("step", [s for s in STEPS if s != "before-store"])
-def test_a_crash_changes_nothing(
-    cli: RunCli,
-    serving: Settings,
-    new_topic: Callable[..., str],
-    job_name: str,
-    step: str,
-    tmp_path: Path,
-) -> None:
-    source = new_topic(partitions=2)
-    first = events()
-    send(serving, source, [*first, dict(first[3])])
-    record = tmp_path / "crash.json"
-    # The crash comes in a batch after the first, at ``step`` of its writes.
-    start_with_crash(cli, job_name, source, step, 1, record)
-    wait_stats(serving, job_name, counted=30, duplicates=1)
-    second = events(20, start=30)
-    too_late = {"page": "/p1", "ts": BASE + 5_000, "id": "too-late"}
-    send(serving, source, [*second, dict(second[5]), too_late, b"garbage"])
-    jobs = JobManager(serving)
-    wait_for(
-        lambda: True if jobs.get_state(job_name) == "crashed" else None,
-        timeout=180,
-        what=f"the crash at {step}",
-    )
-    crashed = json.loads(record.read_text())
-    assert crashed["step"] == step and crashed["batch"] >= 1
-
-    start(cli, job_name, source)  # resumes from the checkpoint, without the fault
-    query = serving.checkpoint_root / job_name / OUTPUT
-    # Spark has run the crashed batch again and committed it ...
-    wait_for(
-        lambda: True if committed(query, crashed["batch"]) else None,
-        timeout=180,
-        what=f"batch {crashed['batch']} to be run again",
-    )
-    # ... and everything sent has been read and accounted for.
-    sent = len(first) + 1 + len(second) + 3
-    final = wait_stats(serving, job_name, counted=50, duplicates=2, late=1, dead_letters=1)
-    assert (final.counted, final.duplicates, final.late, final.dead_letters) == (50, 2, 1, 1)
-    assert offsets_consumed(query, final.last_batch) == sent == final.accounted
-
-    assert store_counts(serving, job_name) == expected([*first, *second])
-    changes = changelog(serving, job_name)
-    identities = [(c["key"], c["window_start"], c["version"]) for c in changes]
-    assert len(identities) == len(set(identities)), "a change was published twice"
-    by_window: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for change in changes:
-        by_window[(change["key"], change["window_start"])].append(change)
-    for history in by_window.values():  # no change lost either: each follows the last
-        assert [c["version"] for c in history] == list(range(1, len(history) + 1))
-        for before, after in itertools.pairwise(history):
-            assert after["previous"] == before["count"]
-    assert {
-        (key, _iso(start_ms)): n for (key, start_ms), n in expected([*first, *second]).items()
-    } == {window: history[-1]["count"] for window, history in by_window.items()}
-    late = topic_values(serving, f"{job_name}.late")
-    assert [json.loads(e["event"])["id"] for e in late] == ["too-late"]
-    assert len(topic_values(serving, f"{job_name}.dlq")) == 1
-    if step == "in-transaction":
-        # The crash left records of an open transaction in the log, which the restarted
-        # job's producer aborted: a read_uncommitted reader sees them, read_committed not.
-        assert len(uncommitted_values(serving, f"{job_name}.counts")) > len(changes)
-
-
-def test_a_restarted_job_fences_off_its_predecessors_producer(
-    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
-) -> None:
-    """A driver that stalled mid-transaction (not dead, only slow) cannot commit once a
-    new driver of its job has started: the job's fixed transactional id fences it."""
-    source, elsewhere = new_topic(), new_topic()
-    values = events(10)
-    send(serving, source, values)
-    stalled = Producer(
-        {**serving.kafka.client_config(), "transactional.id": f"kappaflow.job.{job_name}"}
-    )
-    stalled.init_transactions(30)
-    stalled.begin_transaction()
-    stalled.produce(elsewhere, b"from the stalled driver")
-    assert stalled.flush(30) == 0
-
-    start(cli, job_name, source)
-    wait_stats(serving, job_name, counted=10)
-    with pytest.raises(KafkaException) as refused:
-        stalled.commit_transaction(30)
-    error = refused.value.args[0]
-    assert error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED), error
-    assert topic_values(serving, elsewhere) == []
-    assert uncommitted_values(serving, elsewhere) == [b"from the stalled driver"]
-    assert store_counts(serving, job_name) == expected(values)
-
-
-def _iso(millis: int) -> str:
-    from kappaflow.timeutil import from_epoch_ms, iso
-
-    return iso(from_epoch_ms(millis))
-
-
-def test_replay_of_the_log_gives_the_live_results(
-    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
-) -> None:
-    source = new_topic(partitions=2)
-    values = events(40)
-    send(serving, source, values[:20])
-    start(cli, job_name, source)
-    wait_stats(serving, job_name, counted=20)
-    send(serving, source, values[20:])
-    wait_stats(serving, job_name, counted=40)
-    live = store_counts(serving, job_name)
-    assert live == expected(values)
-
-    replay = f"{job_name}-replay"
-    started = start(cli, replay, source, "--available-now")
-    assert "running" in started.err or "finished" in started.err
-    wait_for(
-        lambda: True if JobManager(serving).get_state(replay) == "finished" else None,
-        timeout=180,
-        what="the replay to finish",
-    )
-    assert store_counts(serving, replay) == live
-
-
-def test_a_removed_job_starts_over(
-    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
-) -> None:
-    source = new_topic()
-    values = events(30)
-    send(serving, source, values)
-    start(cli, job_name, source)
-    wait_stats(serving, job_name, counted=30)
-    running = cli("count", "remove", job_name)
-    assert running.code == 1 and "stop it first" in running.err
-    assert "Traceback" not in running.err
-
-    assert cli("count", "stop", job_name).code == 0
-    removed = cli("count", "remove", job_name)
-    assert removed.code == 0, removed.err
-    assert "4 topics" in removed.err  # messages go to stderr, data to stdout
-    assert JobManager(serving).get_state(job_name) == "absent"
-    assert not (serving.checkpoint_root / job_name).exists()
-    assert store_counts(serving, job_name) == {}
-    assert stats(serving, job_name).counted == 0
-    names = {t["name"] for t in list_topics(serving.kafka)}
-    assert not {f"{job_name}.counts", f"{job_name}.commits"} & names
-    assert cli("count", "remove", job_name).code == 1  # nothing left to remove
-
-    # Started again, the job counts the source from its start, not from where it was.
-    start(cli, job_name, source)
-    assert wait_stats(serving, job_name, counted=30).counted == 30
-    assert store_counts(serving, job_name) == expected(values)
-    # ... and publishes its changes again (a NAME.commits left behind would have
-    # made it skip its first batches as published).
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for change in changelog(serving, job_name):
-        window = (change["key"], change["window_start"])
-        if change["version"] >= latest.get(window, {"version": -1})["version"]:
-            latest[window] = change
-    assert {k: c["count"] for k, c in latest.items()} == {
-        (key, iso(from_epoch_ms(start))): n for (key, start), n in expected(values).items()
-    }
 
 
 def test_count_cli_misuse(serving: Settings, new_topic: Callable[..., str]) -> None:

@@ -79,4 +79,22 @@ def iot_models(
     say(f"wrote {path}")
 
 
-COMMANDS = (iot_models,)
+@click.command("iot-corpus")
+@click.option("--devices", default=10, show_default=True, type=click.IntRange(min=1))
+@click.option("--days", default=3.0, show_default=True, type=click.FloatRange(min=0.01))
+@click.option("--seed", default=3, show_default=True, type=int)
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path))
+def iot_corpus(devices: int, days: float, seed: int, out_dir: Path) -> None:
+    """Write the simulator's labelled series (DEVICES x six metrics, one reading a minute,
+    DAYS days) as CSV files timestamp,value,is_anomaly, for kappaflow iot evaluate."""
+    from datetime import UTC, datetime
+
+    from kappaflow.iot.corpus import simulated_corpus
+    from kappaflow.iot.simulator import FleetConfig
+
+    config = FleetConfig(devices=devices, rate=devices * 6 / 60.0, seed=seed)
+    files = simulated_corpus(out_dir, config, datetime(2026, 2, 1, tzinfo=UTC), days)
+    say(f"wrote {len(files)} series under {out_dir}")
+
+
+COMMANDS = (iot_models, iot_corpus)

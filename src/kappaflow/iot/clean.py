@@ -50,6 +50,11 @@ class RawReading:
     id: str
 
 
+#: A reading of ``telemetry.clean`` as the jobs that read it declare it: the fields of a
+#: raw reading, with the value in its metric's canonical unit.
+CleanReading = RawReading
+
+
 @dataclass
 class Reading:
     device: str

@@ -32,12 +32,11 @@ from datetime import datetime
 from typing import Any
 
 import kappaflow as kf
-from kappaflow.iot.clean import CLEAN_TOPIC
+from kappaflow.iot.clean import CLEAN_TOPIC, CleanReading
 from kappaflow.iot.models import MODELS, Params, Scorer
 from kappaflow.iot.train import (
     FORGET_AFTER,
     MODELS_TOPIC,
-    CleanReading,
     ModelUpdate,
     forget_after,
     model_family,

@@ -29,24 +29,13 @@ from typing import Any
 
 import kappaflow as kf
 from kappaflow.errors import InvalidParameterError
-from kappaflow.iot.clean import CLEAN_TOPIC
+from kappaflow.iot.clean import CLEAN_TOPIC, CleanReading
 from kappaflow.iot.models import DEFAULT_MODEL, MODELS, Trainer
 from kappaflow.streams.stateful import StatefulFunction
 
 MODELS_TOPIC = "models"
 #: A key with no reading for this long (event time) is forgotten, model and all.
 FORGET_AFTER = "7d"
-
-
-@dataclass
-class CleanReading:
-    device: str
-    metric: str
-    value: float
-    unit: str
-    time: kf.EventTime
-    seq: int
-    id: str
 
 
 @dataclass

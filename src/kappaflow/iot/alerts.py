@@ -1,0 +1,151 @@
+"""The alerting job: rules on the scores and the raw values, one alert per incident.
+
+Written on the public job API only. Start it with::
+
+    kappaflow jobs start iot-alerts --app kappaflow.iot.alerts:build
+
+From ``scores`` (``-P source=...``), per device and metric, a stateful function applies
+three rules and writes to ``alerts`` (``-P dest=...``), keyed by ``[device, metric]``:
+
+- ``anomaly``: ``SUSTAINED`` readings in a row scored at or above ``ALERT_SCORE``; it is
+  resolved by ``CALM`` readings in a row below it;
+- ``no_data``: no reading for ``SILENCE`` of event time (an event-time timer, so it fires
+  as the watermark, which other devices' readings move, passes); the next reading
+  resolves it;
+- ``rate``: a metric of the fleet (``kappaflow.iot.telemetry.METRICS``) that moves more
+  than ``RATE_SCALES`` of its scales within a minute; a reading that moves less than that
+  from the one before resolves it.
+
+An alert is raised once per incident: a rule already raised for a key raises nothing more
+until it is resolved. Each record says ``raised`` or ``resolved``, with the reason, the
+event time and, for ``anomaly``, the score that raised it::
+
+    {"device": "dev-000042", "metric": "cpu_temp", "rule": "anomaly",
+     "status": "raised", "reason": "3 readings in a row scored >= 0.5",
+     "time": "2026-11-25T09:03:01.250Z", "score": 0.93}
+
+Readings behind the watermark are judged too (``late="function"``), in the order they
+come; a key that sent nothing for ``FORGET_AFTER`` is forgotten with its open alerts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import kappaflow as kf
+from kappaflow.iot.models import ALERT_SCORE
+from kappaflow.iot.score import SCORES_TOPIC
+from kappaflow.iot.telemetry import METRICS
+from kappaflow.timeutil import from_epoch_ms, to_epoch_ms
+
+ALERTS_TOPIC = "alerts"
+SUSTAINED = 3
+CALM = 5
+SILENCE_MS = 5 * 60_000
+RATE_SCALES = 4.0
+FORGET_AFTER = "1d"
+_SCALE = {m.name: m.scale for m in METRICS}
+_MINUTE_MS = 60_000
+
+
+@dataclass
+class Scored:
+    device: str
+    metric: str
+    value: float
+    time: kf.EventTime
+    id: str
+    score: float
+
+
+@dataclass
+class Alert:
+    device: str
+    metric: str
+    rule: str
+    status: str
+    reason: str
+    time: datetime
+    score: float | None = None
+
+
+@dataclass
+class Watch:
+    #: Readings in a row at or above the alert score, and below it.
+    high: int = 0
+    calm: int = 0
+    #: The rules raised and not yet resolved.
+    open: list[str] = field(default_factory=list)
+    last_seen: int = 0
+    last_value: float | None = None
+
+
+def _raise(w: Watch, e: Scored, rule: str, reason: str, score: float | None = None) -> Alert:
+    w.open.append(rule)
+    return Alert(e.device, e.metric, rule, "raised", reason, e.time, score)
+
+
+def _resolve(w: Watch, e: Scored, rule: str, reason: str) -> Alert:
+    w.open.remove(rule)
+    return Alert(e.device, e.metric, rule, "resolved", reason, e.time)
+
+
+@kf.stateful(state=Watch, output=Alert, ttl=FORGET_AFTER, late="function")
+def watch(
+    key: tuple[Any, ...], events: list[Scored], ctx: kf.StateContext[Watch]
+) -> Iterator[Alert]:
+    w = ctx.state
+    for e in events:
+        t = to_epoch_ms(e.time)
+        if "no_data" in w.open:
+            yield _resolve(w, e, "no_data", "a reading came")
+        if w.last_seen:
+            ctx.timers.cancel(w.last_seen + SILENCE_MS)
+        moved = None if w.last_value is None else abs(e.value - w.last_value)
+        previous = w.last_seen
+        w.last_seen = max(w.last_seen, t)
+        w.last_value = e.value
+        ctx.timers.at(w.last_seen + SILENCE_MS)
+        # Sustained high score.
+        if e.score >= ALERT_SCORE:
+            w.high, w.calm = w.high + 1, 0
+            if w.high >= SUSTAINED and "anomaly" not in w.open:
+                reason = f"{SUSTAINED} readings in a row scored >= {ALERT_SCORE}"
+                yield _raise(w, e, "anomaly", reason, e.score)
+        else:
+            w.high, w.calm = 0, w.calm + 1
+            if w.calm >= CALM and "anomaly" in w.open:
+                yield _resolve(w, e, "anomaly", f"{CALM} readings in a row scored < {ALERT_SCORE}")
+        # Rate of change, for the fleet's metrics (whose scales are known).
+        scale = _SCALE.get(e.metric)
+        if scale is None or moved is None:
+            continue
+        limit = RATE_SCALES * scale
+        if moved > limit and 0 <= t - previous <= _MINUTE_MS and "rate" not in w.open:
+            yield _raise(w, e, "rate", f"moved {moved:.3g} within a minute (limit {limit:g})")
+        elif moved <= limit and "rate" in w.open:
+            yield _resolve(w, e, "rate", f"moved {moved:.3g}, within {limit:g}")
+
+
+@watch.on_timer
+def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Iterator[Alert]:
+    w = ctx.state
+    if "no_data" not in w.open:
+        w.open.append("no_data")
+        reason = f"no reading for {SILENCE_MS // 60_000} minutes"
+        yield Alert(str(key[0]), str(key[1]), "no_data", "raised", reason, from_epoch_ms(at_ms))
+
+
+def build(job: kf.Job) -> None:
+    scores = job.source(
+        job.param("source", SCORES_TOPIC),
+        Scored,
+        key=["device", "metric"],
+        time="time",
+        watermark="1m",
+    )
+    alerts = scores.process(watch, by=["device", "metric"], name="alerts")
+    alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)))

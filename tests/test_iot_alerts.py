@@ -1,0 +1,59 @@
+"""The IoT alerting job under the test harness: one alert per incident, and its end."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+import kappaflow as kf
+from kappaflow.iot import alerts
+
+START = datetime(2026, 11, 20, tzinfo=UTC)
+
+
+def scored(device: str, metric: str, minute: int, value: float, score: float) -> dict[str, Any]:
+    return {
+        "device": device,
+        "metric": metric,
+        "value": value,
+        "time": (START + timedelta(minutes=minute)).isoformat(),
+        "id": f"{device}/{minute}/{metric}",
+        "score": score,
+        "model": "forecast",
+        "model_version": 3,
+    }
+
+
+def test_each_rule_raises_once_per_incident_and_resolves(spark: SparkSession) -> None:
+    # d1: four high scores in a row (one alert), two more (none), five calm (resolved).
+    high = [0.1, 0.2, 0.9, 0.8, 0.95, 0.7, 0.6, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
+    d1 = [scored("d1", "cpu_temp", m, 50.0, s) for m, s in enumerate(high)]
+    # d2: a reading a minute, then silent from minute 3 while d1 goes on; back at 13.
+    d2 = [scored("d2", "room_temp", m, 21.0, 0.0) for m in range(3)]
+    # d3: the fan jumps by 1,000 rpm in a minute (limit 4 x 150), then stays there.
+    fan = [3000.0, 3010.0, 4010.0, 4005.0, 4000.0]
+    d3 = [scored("d3", "fan_rpm", m, v, 0.0) for m, v in enumerate(fan)]
+    later = [scored("d1", "cpu_temp", m, 50.0, 0.1) for m in range(14, 22)]
+    back = [scored("d2", "room_temp", 22, 21.0, 0.0)]
+    batches = [d1 + d2 + d3, later, [*back, scored("d1", "cpu_temp", 23, 50.0, 0.1)]]
+    result = kf.testing.run(alerts.build, {"scores": batches}, spark=spark, name="alerts")
+    seen = [
+        (a["device"], a["rule"], a["status"], a["time"][11:16]) for a in result.records("alerts")
+    ]
+    assert sorted(seen) == sorted(
+        [
+            ("d1", "anomaly", "raised", "00:04"),
+            ("d1", "anomaly", "resolved", "00:12"),
+            ("d3", "rate", "raised", "00:02"),
+            ("d3", "rate", "resolved", "00:03"),
+            ("d2", "no_data", "raised", "00:07"),
+            ("d2", "no_data", "resolved", "00:22"),
+            # d3 fell silent too: the watermark passed its last reading (minute 4) + 5.
+            ("d3", "no_data", "raised", "00:09"),
+        ]
+    ), seen
+    raised = next(a for a in result.records("alerts") if a["rule"] == "anomaly")
+    assert raised["score"] == 0.95
+    assert result.keys("alerts")[0] is not None

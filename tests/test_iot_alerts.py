@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import redis
+from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
 from kappaflow.iot import alerts
+from kappaflow.jobs.pipeline import JobContext
+from kappaflow.kafka.topics import create_topic
+from kappaflow.settings import Settings
+from kappaflow.streams.app import start_app
+from kappaflow.streams.backends import read_latest
+from kappaflow.waiting import wait_for
 
 START = datetime(2026, 11, 20, tzinfo=UTC)
 
@@ -55,5 +64,52 @@ def test_each_rule_raises_once_per_incident_and_resolves(spark: SparkSession) ->
         ]
     ), seen
     raised = next(a for a in result.records("alerts") if a["rule"] == "anomaly")
-    assert raised["score"] == 0.95
+    assert raised["score"] == 0.95 and raised["open"] == ["anomaly"]
+    # The serving store: each key's latest alert, with the rules open after it.
+    now_open = {key: record["open"] for key, record in result.latest("alerts").items()}
+    assert now_open == {
+        ("d1", "cpu_temp"): [],
+        ("d2", "room_temp"): [],
+        ("d3", "fan_rpm"): ["no_data"],
+    }
     assert result.keys("alerts")[0] is not None
+
+
+def test_open_alerts_are_kept_in_redis_on_the_broker(
+    spark: SparkSession, serving: Settings
+) -> None:
+    name = f"iot-alerts-{uuid.uuid4().hex[:8]}"
+    source = f"{name}-scores"
+    create_topic(serving.kafka, source, partitions=2)
+    high = [scored("d1", "cpu_temp", m, 50.0, s) for m, s in enumerate([0.1, 0.9, 0.8, 0.9])]
+    send_json(serving, source, high, key="device")
+    params = {"source": source, "dest": f"{name}-alerts"}
+    queries = start_app(alerts.build, JobContext(name, params, spark, serving))
+    store = redis.Redis.from_url(serving.redis.effective_url)
+
+    def open_rules() -> list[str] | None:
+        record = read_latest(store, name, "alerts").get(("d1", "cpu_temp"))
+        return None if record is None else list(record["open"])
+
+    try:
+        wait_for(
+            lambda: True if open_rules() == ["anomaly"] else None,
+            timeout=180,
+            what="the alert open in Redis",
+        )
+        calm = [scored("d1", "cpu_temp", m, 50.0, 0.1) for m in range(4, 9)]
+        send_json(serving, source, calm, key="device")
+        wait_for(
+            lambda: True if open_rules() == [] else None,
+            timeout=180,
+            what="the alert resolved in Redis",
+        )
+    finally:
+        for query in queries:
+            query.stop()
+    statuses = [
+        (a["rule"], a["status"])
+        for a in topic_values(serving, f"{name}-alerts")
+        if a["device"] == "d1" and a["time"].startswith("2026-11-20T00:0")
+    ]
+    assert ("anomaly", "raised") in statuses and ("anomaly", "resolved") in statuses

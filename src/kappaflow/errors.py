@@ -520,7 +520,7 @@ class AggregatesSpecError(StreamError):
 
 class InvalidSinkError(StreamError):
     """A sink is declared wrong: a bad topic or table name, or a sink that cannot take
-    what it is given (the serving store takes windowed results only)."""
+    what it is given (the serving store takes windowed results and keyed streams)."""
 
     code = "KF730"
 

@@ -82,6 +82,11 @@ class Results:
         """The keys of the records published to ``topic``, as JSON (None: no key)."""
         return [json.loads(key) if key else None for key, _ in self.publisher.topics.get(topic, [])]
 
+    def latest(self, output: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """What the serving store holds for a keyed stream ``output``: key values → the
+        key's latest record."""
+        return {tuple(json.loads(k)): v for k, v in self.store.latest.get(output, {}).items()}
+
     def changes(self, output: str) -> list[dict[str, Any]]:
         """Every change of a windowed output's results, from its changelog topic."""
         return self.records(f"{self.job}.{output}")

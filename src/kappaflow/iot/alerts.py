@@ -18,11 +18,15 @@ three rules and writes to ``alerts`` (``-P dest=...``), keyed by ``[device, metr
 
 An alert is raised once per incident: a rule already raised for a key raises nothing more
 until it is resolved. Each record says ``raised`` or ``resolved``, with the reason, the
-event time and, for ``anomaly``, the score that raised it::
+event time, for ``anomaly`` the score that raised it, and the rules open for the key
+after it::
 
     {"device": "dev-000042", "metric": "cpu_temp", "rule": "anomaly",
      "status": "raised", "reason": "3 readings in a row scored >= 0.5",
-     "time": "2026-11-25T09:03:01.250Z", "score": 0.93}
+     "time": "2026-11-25T09:03:01.250Z", "score": 0.93, "open": ["anomaly"]}
+
+The serving store keeps each key's latest record (``kf:iot-alerts:alerts:latest``), so
+the open alerts are the keys whose latest record has rules in ``open``.
 
 Readings behind the watermark are judged too (``late="function"``), in the order they
 come; a key that sent nothing for ``FORGET_AFTER`` is forgotten with its open alerts.
@@ -70,6 +74,8 @@ class Alert:
     reason: str
     time: datetime
     score: float | None = None
+    #: The key's rules open after this record: the serving store keeps each key's latest.
+    open: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -85,12 +91,12 @@ class Watch:
 
 def _raise(w: Watch, e: Scored, rule: str, reason: str, score: float | None = None) -> Alert:
     w.open.append(rule)
-    return Alert(e.device, e.metric, rule, "raised", reason, e.time, score)
+    return Alert(e.device, e.metric, rule, "raised", reason, e.time, score, list(w.open))
 
 
 def _resolve(w: Watch, e: Scored, rule: str, reason: str) -> Alert:
     w.open.remove(rule)
-    return Alert(e.device, e.metric, rule, "resolved", reason, e.time)
+    return Alert(e.device, e.metric, rule, "resolved", reason, e.time, None, list(w.open))
 
 
 @kf.stateful(state=Watch, output=Alert, ttl=FORGET_AFTER, late="function")
@@ -136,7 +142,8 @@ def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Ite
     if "no_data" not in w.open:
         w.open.append("no_data")
         reason = f"no reading for {SILENCE_MS // 60_000} minutes"
-        yield Alert(str(key[0]), str(key[1]), "no_data", "raised", reason, from_epoch_ms(at_ms))
+        at = from_epoch_ms(at_ms)
+        yield Alert(str(key[0]), str(key[1]), "no_data", "raised", reason, at, None, list(w.open))
 
 
 def build(job: kf.Job) -> None:
@@ -148,4 +155,4 @@ def build(job: kf.Job) -> None:
         watermark="1m",
     )
     alerts = scores.process(watch, by=["device", "metric"], name="alerts")
-    alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)))
+    alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)), kf.store())

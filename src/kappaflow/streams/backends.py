@@ -66,10 +66,18 @@ class BatchAccount:
 
 
 class ResultStore(Protocol):
-    def apply(self, output: str, batch_id: int, changes: pa.Table, account: BatchAccount) -> None:
+    def apply(
+        self,
+        output: str,
+        batch_id: int,
+        changes: pa.Table,
+        account: BatchAccount,
+        latest: Sequence[tuple[str, str]] = (),
+    ) -> None:
         """Each change's values under its key and window (``changes`` has the columns
         ``kind``, ``key``, ``window_start``, ``window_end``, ``values``, ``version`` and
-        ``watermark``, in order), and ``account`` once per batch id."""
+        ``watermark``, in order), each of a keyed stream's records (``latest``: key JSON,
+        record JSON, in order) as its key's latest, and ``account`` once per batch id."""
         ...
 
 
@@ -167,6 +175,12 @@ for i = 2, #ARGV, 3 do
 end
 return (#ARGV - 1) / 3
 """
+# Writes a chunk of a keyed stream's records, each its key's latest. ARGV: the hash
+# (``kf:JOB:OUTPUT:latest``), then key and record pairs, in order.
+_LATEST = """
+for i = 2, #ARGV, 2 do redis.call('HSET', ARGV[1], ARGV[i], ARGV[i + 1]) end
+return (#ARGV - 1) / 2
+"""
 # Adds a batch's statistics once. ARGV: the stats key, batch id, watermark, the open
 # windows' key, their changes (JSON: window start → keys held), then name/value pairs.
 _STATS = """
@@ -192,9 +206,18 @@ def redis_prefix(job: str, output: str) -> str:
     return f"kf:{job}:{output}:"
 
 
+def read_latest(
+    client: redis_lib.Redis, job: str, output: str
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """A keyed stream output's latest record per key, as the serving store holds them."""
+    held = client.hgetall(redis_prefix(job, output) + "latest")
+    return {tuple(json.loads(k)): json.loads(v) for k, v in held.items()}
+
+
 class RedisStore:
     """An output's windows in Redis: ``kf:JOB:OUTPUT:w:KEY`` (a hash: window start →
-    ``{"end", "values", "version", "final"}``), ``kf:JOB:OUTPUT:keys`` and
+    ``{"end", "values", "version", "final"}``), ``kf:JOB:OUTPUT:keys``; a keyed stream's
+    latest record per key in ``kf:JOB:OUTPUT:latest`` (a hash: key JSON → record JSON); and
     ``kf:JOB:OUTPUT:stats`` (events, duplicates, late, dead_letters: running totals;
     ``batch``: the last batch applied; ``watermark``: the highest, epoch ms) and
     ``kf:JOB:OUTPUT:open`` (window start → keys the state still holds for it; a session
@@ -204,10 +227,24 @@ class RedisStore:
         self.client = client
         self.job = job
         self._write = client.register_script(_WRITE)
+        self._latest = client.register_script(_LATEST)
         self._stats = client.register_script(_STATS)
 
-    def apply(self, output: str, batch_id: int, changes: pa.Table, account: BatchAccount) -> None:
+    def apply(
+        self,
+        output: str,
+        batch_id: int,
+        changes: pa.Table,
+        account: BatchAccount,
+        latest: Sequence[tuple[str, str]] = (),
+    ) -> None:
         prefix = redis_prefix(self.job, output)
+        # A batch run again writes the same records: the latest of each key is the same.
+        for low in range(0, len(latest), _CHUNK):
+            pairs: list[str] = [prefix + "latest"]
+            for key, record in latest[low : low + _CHUNK]:
+                pairs += (key, record)
+            self._latest(args=pairs)
         keys, starts, texts = stored_windows(changes)
         for low in range(0, len(keys), _CHUNK):
             items: list[str] = [prefix]
@@ -259,8 +296,20 @@ class MemoryStore:
     #: Per output, window start → keys its state holds (sessions: all under one entry).
     open: dict[str, dict[int, int]] = field(default_factory=dict)
     applied: dict[str, int] = field(default_factory=dict)
+    #: Per output, a keyed stream's latest record per key (key JSON → record).
+    latest: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
-    def apply(self, output: str, batch_id: int, changes: pa.Table, account: BatchAccount) -> None:
+    def apply(
+        self,
+        output: str,
+        batch_id: int,
+        changes: pa.Table,
+        account: BatchAccount,
+        latest: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        newest = self.latest.setdefault(output, {})
+        for key, record in latest:
+            newest[key] = json.loads(record)
         windows = self.windows.setdefault(output, {})
         for key, start, text in zip(*stored_windows(changes), strict=True):
             window = (key, int(start))

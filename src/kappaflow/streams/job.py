@@ -373,13 +373,16 @@ class Stream:
         return Windowed(self, spec)
 
     def to(self, *sinks: Sink, name: str | None = None) -> None:
-        """Write every record to ``sinks`` (Kafka topics, lake tables), exactly once."""
+        """Write every record to ``sinks`` (Kafka topics, lake tables), exactly once; the
+        serving store (``kf.store()``) keeps the latest record of each key of a keyed
+        stream (a stateful function's output, keyed by its ``by`` columns)."""
         if not sinks:
             raise InvalidSinkError("to(): name at least one sink")
         for sink in sinks:
-            if isinstance(sink, RedisSink):
+            if isinstance(sink, RedisSink) and not self.source.keys:
                 raise InvalidSinkError(
-                    "the serving store keeps windowed results: aggregate the stream first"
+                    "the serving store keeps windowed results and the latest record per key "
+                    "of a keyed stream: aggregate the stream, or process it by a key first"
                 )
         default = self.name or next(
             (s.topic for s in sinks if isinstance(s, KafkaSink) and s.topic),

@@ -155,7 +155,8 @@ class OutputWriter:
         self._step("before-store", batch_id)
         if self.store is not None and target.redis:
             account = BatchAccount(stats, watermark, held)
-            self.store.apply(target.name, batch_id, changes, account)
+            latest = self._latest_records(records) if not target.keys else []
+            self.store.apply(target.name, batch_id, changes, account, latest)
         laps.lap("redis")
         self._step("after-store", batch_id)
         lake_rows = 0
@@ -200,6 +201,16 @@ class OutputWriter:
     def _step(self, step: str, batch_id: int) -> None:
         if self.on_step is not None:
             self.on_step(step, self.target.name, batch_id, self._results)
+
+    def _latest_records(self, records: pa.Table) -> list[tuple[str, str]]:
+        """A keyed stream's records as (key JSON, record JSON), in order: each key's last
+        is its latest."""
+        keys = self.target.source.keys
+        out = []
+        for text in records["row"].to_pylist():
+            row = json.loads(text)
+            out.append((json.dumps([row.get(k) for k in keys]), text))
+        return out
 
     def _output_records(
         self, topic: str, changes: pa.Table, records: pa.Table, batch_id: int

@@ -19,6 +19,9 @@ WARMUP = 30
 #: so that the spread of surprise reflects days of a metric, not its last hour.
 _SURPRISE_RATE = 1.0 / 2000.0
 _REPEAT_RATE = 1.0 / 500.0
+#: Outliers in a row that a forecaster remembers clipped (a spike lasts a few readings);
+#: the next is remembered as it is, as the start of a change.
+MAX_CLIPPED = 3
 #: A value repeated this many times running is a stuck sensor, not a repeat.
 STUCK_RUN = 10
 

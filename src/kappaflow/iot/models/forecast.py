@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kappaflow.iot.models.base import Model, Params, Trainer
+from kappaflow.iot.models.base import MAX_CLIPPED, Model, Params, Trainer
 
 LAGS = 8
 _FORGET = 0.998
@@ -54,6 +54,7 @@ class ForecastTrainer(Trainer):
         self.coef = np.zeros(LAGS)
         self._p = np.eye(LAGS) * 10.0
         self._history: list[float] = []
+        self._clipped = 0
 
     def _forecast(self) -> float:
         scale = max(self.scale, _TINY)
@@ -88,8 +89,14 @@ class ForecastTrainer(Trainer):
         dev_bound = _CLIP * scale * 3.0
         self.centre += _CENTRE_RATE * max(-dev_bound, min(dev_bound, deviation))
         self.scale += rate * (min(abs(deviation), dev_bound) * _MAD_TO_SD - self.scale)
-        # An outlier is remembered clipped, so that it does not skew the next forecasts.
-        self._remember(value - (error - clipped) * scale)
+        # An outlier is remembered clipped, so that it does not skew the next forecasts;
+        # one after MAX_CLIPPED in a row is a change, and is remembered as it is.
+        if clipped != error and self._clipped < MAX_CLIPPED:
+            self._remember(value - (error - clipped) * scale)
+            self._clipped += 1
+        else:
+            self._remember(value)
+            self._clipped = 0
 
     def _remember(self, value: float) -> None:
         self._history.append(value)

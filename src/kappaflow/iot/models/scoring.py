@@ -18,7 +18,7 @@ import math
 from collections import deque
 from typing import Any
 
-from kappaflow.iot.models.base import STUCK_RUN, WARMUP, Model, Params
+from kappaflow.iot.models.base import MAX_CLIPPED, STUCK_RUN, WARMUP, Model, Params
 
 #: The score at and above which a reading is anomalous, for the alert rules and for the
 #: evaluation's detections.
@@ -38,6 +38,7 @@ class Scorer:
         self._raw: deque[float] = deque(maxlen=max(smooth, 1))
         self._run = 0
         self._last: float | None = None
+        self._clipped = 0
 
     def state(self) -> dict[str, Any]:
         """What the scorer remembers, JSON-ready, for ``restore``."""
@@ -46,6 +47,7 @@ class Scorer:
             "raw": list(self._raw),
             "run": self._run,
             "last": self._last,
+            "clipped": self._clipped,
         }
 
     @classmethod
@@ -57,6 +59,7 @@ class Scorer:
             scorer._raw.extend(state["raw"])
             scorer._run = int(state["run"])
             scorer._last = state["last"]
+            scorer._clipped = int(state.get("clipped", 0))
         return scorer
 
     def score(self, value: float, params: Params | None) -> float:
@@ -69,7 +72,14 @@ class Scorer:
         try:
             if params is None or params["n"] < WARMUP:
                 return 0.0
-            remembered = self.model.remember(params, self._history, value)
+            if self._clipped >= MAX_CLIPPED:
+                # The readings before were remembered clipped: so many outliers in a row
+                # are a change, not a spike, and are remembered as they are (else the
+                # memory would drift from the series for as long as these parameters last).
+                self._clipped = 0
+            else:
+                remembered = self.model.remember(params, self._history, value)
+                self._clipped = self._clipped + 1 if remembered != value else 0
             raw = self.model.raw(params, self._history, value)
             self._raw.append(raw)
             mean, spread = params["surprise"]

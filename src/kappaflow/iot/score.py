@@ -81,20 +81,21 @@ class Scoring:
     version: int = 0
 
 
-def _params(state: Scoring, event: Modelled) -> tuple[Params | None, int | None]:
-    """The newest parameters known for the key: the event's, where newer and readable."""
-    if event.params is not None and event.version is not None and event.version > state.version:
-        try:
-            params = json.loads(event.params)
-        except ValueError:
-            params = None
-        known = isinstance(params, dict) and params.get("model") in MODELS
-        if known and isinstance(params, dict) and params["model"] == event.model:
-            state.params, state.version = event.params, event.version
-            return params, event.version
-    if state.params:
-        return json.loads(state.params), state.version
-    return None, None
+def _newer(state: Scoring, event: Modelled) -> Params | None:
+    """The event's parameters where newer than the key's and readable; they become the
+    key's."""
+    if event.params is None or event.version is None or event.version <= state.version:
+        return None
+    try:
+        params = json.loads(event.params)
+    except ValueError:
+        return None
+    if not isinstance(params, dict) or params.get("model") not in MODELS:
+        return None
+    if params["model"] != event.model:
+        return None
+    state.params, state.version = event.params, event.version
+    return params
 
 
 def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunction[Scoring]:
@@ -107,9 +108,12 @@ def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunct
         key: tuple[Any, ...], events: list[Modelled], ctx: kf.StateContext[Scoring]
     ) -> Iterator[Score]:
         memory = json.loads(ctx.state.scorer) if ctx.state.scorer else None
+        # Parsed once a call, and again only when an event brings a newer version.
+        params: Params | None = json.loads(ctx.state.params) if ctx.state.params else None
         scorer: Scorer | None = None
         for e in events:
-            params, version = _params(ctx.state, e)
+            params = _newer(ctx.state, e) or params
+            version = ctx.state.version if params is not None else None
             family = MODELS[params["model"]] if params is not None else default
             if scorer is None or scorer.model is not family:
                 memory = scorer.state() if scorer is not None else memory

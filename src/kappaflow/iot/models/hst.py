@@ -40,15 +40,16 @@ def _features(value: float, before: float | None, level: float, spread: float) -
 
 
 def _new_trees() -> HalfSpaceTrees:
-    trees = HalfSpaceTrees(n_trees=_TREES, height=_HEIGHT, window_size=_WINDOW, seed=_SEED)
-    # The trees are built on the first reading learnt; its masses are overwritten.
-    trees.learn_one({"level": 0.5, "change": 0.5})
-    return trees
+    return HalfSpaceTrees(n_trees=_TREES, height=_HEIGHT, window_size=_WINDOW, seed=_SEED)
 
 
 @lru_cache(maxsize=1)
 def _shape() -> HalfSpaceTrees:
-    return _new_trees()
+    """The trees a scorer scores with, shared: the same shape as every trainer's."""
+    trees = _new_trees()
+    # The trees are built on the first reading learnt; its masses are overwritten.
+    trees.learn_one({"level": 0.5, "change": 0.5})
+    return trees
 
 
 class HstTrainer(Trainer):
@@ -57,9 +58,7 @@ class HstTrainer(Trainer):
     def __init__(self) -> None:
         super().__init__()
         self._robust = RobustTrainer()
-        self._trees = HalfSpaceTrees(
-            n_trees=_TREES, height=_HEIGHT, window_size=_WINDOW, seed=_SEED
-        )
+        self._trees = _new_trees()
         self._before: float | None = None
         self._windows = 0
 

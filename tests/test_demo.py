@@ -50,6 +50,7 @@ def test_demo_counts_page_views_and_stops_what_it_started(own: Settings) -> None
     assert {row.service: row.state for row in services.status(own)} == {
         "kafka": "stopped",
         "redis": "running",
+        "mqtt": "stopped",
     }
 
     store = CountStore(redis_client(own), "demo-views")

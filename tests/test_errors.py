@@ -105,6 +105,7 @@ def test_every_code_is_asserted_by_a_test() -> None:
         (errors.InputError, "KF500"),
         (errors.JobError, "KF600"),
         (errors.StreamError, "KF700"),
+        (errors.GatewayError, "KF800"),
     ],
 )
 def test_subsystem_codes(
@@ -195,6 +196,11 @@ def test_jars_directory_cannot_be_created(offline: Settings, tmp_path: Path) -> 
 def test_redis_binary_missing(offline: Settings, tmp_path: Path) -> None:
     result = run(offline, "redis", "start", env={"KAPPAFLOW_REDIS__BINARY": str(tmp_path / "no")})
     assert "does not exist" in error_line(result, "KF206", 1)
+
+
+def test_mqtt_broker_missing(offline: Settings, tmp_path: Path) -> None:
+    result = run(offline, "mqtt", "start", env={"KAPPAFLOW_MQTT__BINARY": str(tmp_path / "no")})
+    assert "does not exist" in error_line(result, "KF208", 1)
 
 
 # The embedded services.

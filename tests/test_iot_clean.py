@@ -1,8 +1,11 @@
 """The IoT cleaning job under the test harness: the simulator's readings checked, in
-canonical units, each once, to Kafka and the lake; what it refuses to the dead letters."""
+canonical units, each once, to Kafka and the lake; what it refuses (readings of devices
+not registered, from far in the future or the past, breaking a metric's rules) to the
+dead letters."""
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections import Counter
@@ -18,14 +21,18 @@ from pyspark.sql import SparkSession
 
 import kappaflow as kf
 from kappaflow.iot.clean import CLEAN_TOPIC, build
-from kappaflow.iot.simulator import FleetConfig, Simulation
+from kappaflow.iot.registry import REGISTRY_TOPIC, digest, register
+from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
 from kappaflow.iot.telemetry import READINGS_TOPIC, to_canonical
 from kappaflow.jobs.pipeline import JobContext
+from kappaflow.kafka.clients import producer
 from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
+from kappaflow.timeutil import to_epoch_ms
 from kappaflow.waiting import wait_for
 
 START = datetime(2026, 11, 20, tzinfo=UTC).timestamp()
+Record = kf.testing.Record
 
 
 def sent_readings() -> list[list[Any]]:
@@ -47,25 +54,54 @@ def sent_readings() -> list[list[Any]]:
     return batches
 
 
+def reading(
+    device: str, time: str, metric: str = "room_temp", value: float = 21.5, unit: str = "celsius"
+) -> dict[str, Any]:
+    return {"device": device, "metric": metric, "value": value, "unit": unit, "time": time,
+            "seq": 1, "id": f"{device}/{time}/{metric}"}  # fmt: skip
+
+
+#: Rules broken by a registered device, in the first batch.
 BAD = [
-    {"device": "dev-9", "metric": "humidity", "value": 40.0, "unit": "percent",
-     "time": "2026-11-20T00:01:00Z", "seq": 1, "id": "dev-9/1/humidity"},
-    {"device": "dev-9", "metric": "room_temp", "value": 294.0, "unit": "kelvin",
-     "time": "2026-11-20T00:01:00Z", "seq": 1, "id": "dev-9/1/room_temp"},
-    {"device": "dev-9", "metric": "cpu_util", "value": 1.7, "unit": "ratio",
-     "time": "2026-11-20T00:01:00Z", "seq": 1, "id": "dev-9/1/cpu_util"},
-]  # fmt: skip
+    reading("dev-9", "2026-11-20T00:01:00Z", "humidity", 40.0, "percent"),
+    reading("dev-9", "2026-11-20T00:01:00Z", "room_temp", 294.0, "kelvin"),
+    reading("dev-9", "2026-11-20T00:01:00Z", "cpu_util", 1.7, "ratio"),
+]
+#: In the second batch, logged at 00:02: a device not registered, a clock years ahead
+#: and one weeks behind.
+STRANGERS = [
+    reading("dev-x", "2026-11-20T00:01:30Z"),
+    reading("dev-9", "2031-01-01T00:00:00Z"),
+    reading("dev-9", "2026-10-01T00:00:00Z"),
+]
+#: In the last batch, logged at 00:03: a clock almost a day ahead, which passes.
+AHEAD = reading("dev-9", "2026-11-20T23:00:00Z")
+
+
+def logged(batch: list[Any], minute: int) -> list[Any]:
+    """The batch's records as written to Kafka at the end of the simulation's
+    ``minute``."""
+    at = datetime.fromtimestamp(START + 60.0 * minute, UTC)
+    return [Record(r, timestamp=at) for r in batch]
 
 
 @pytest.fixture(scope="module")
 def cleaned(spark: SparkSession) -> tuple[list[list[Any]], kf.testing.Results]:
     batches = sent_readings()
-    inputs: list[list[Any]] = [
-        batches[0] + BAD,
-        [*batches[1], b'{"device": "dev-9", "metric": '],
-        batches[2],
+    batches[2].append(AHEAD)
+    devices = sorted({r["device"] for batch in batches for r in batch})
+    registry = [
+        Record({"device": d, "token_sha256": digest(d), "registered": "2026-11-19T00:00:00Z"}, d)
+        for d in devices
     ]
-    return batches, kf.testing.run(build, {READINGS_TOPIC: inputs}, spark=spark, name="clean")
+    inputs: list[list[Any]] = [
+        logged(batches[0] + BAD, 1),
+        logged([*batches[1], *STRANGERS, b'{"device": "dev-9", "metric": '], 2),
+        logged(batches[2], 3),
+    ]
+    return batches, kf.testing.run(
+        build, {READINGS_TOPIC: inputs, REGISTRY_TOPIC: [registry]}, spark=spark, name="clean"
+    )
 
 
 def test_each_reading_passes_once_in_canonical_units(
@@ -87,20 +123,31 @@ def test_each_reading_passes_once_in_canonical_units(
         assert record["unit"] in {"celsius", "percent", "rpm"}
     assert units["fahrenheit"] > 0 and units["ratio"] > 0
     assert {tuple(k) for k in out.keys(CLEAN_TOPIC)} == {(r["device"],) for r in clean}
+    # The registry's columns stay out.
+    assert {tuple(r) for r in clean} == {("device", "metric", "value", "unit", "time", "seq", "id")}
 
 
 def test_what_a_reading_breaks_is_said_in_the_dead_letters(
     cleaned: tuple[list[list[Any]], kf.testing.Results],
 ) -> None:
-    _, out = cleaned
-    reasons = {d["source_offset"]: d["error"] for d in out.dead_letters}
-    first = len(cleaned[0][0])
-    assert reasons == {
+    batches, out = cleaned
+    letters = {d["source_offset"]: d for d in out.dead_letters}
+    first = len(batches[0])
+    second = first + len(BAD) + len(batches[1])
+    assert {offset: d["error"] for offset, d in letters.items()} == {
         first: "unknown metric 'humidity'",
         first + 1: "unit 'kelvin' is not one of metric 'room_temp'",
         first + 2: "value 1.7 is outside the range of metric 'cpu_util'",
-        first + 3 + len(cleaned[0][1]): "not valid JSON",
+        second: "unknown device 'dev-x'",
+        second + 1: "time 2031-01-01T00:00:00.000Z is 1502 days after the reading was logged "
+        "(at most 1d ahead)",
+        second + 2: "time 2026-10-01T00:00:00.000Z is 50 days before the reading was logged "
+        "(at most 30d behind)",
+        second + 3: "not valid JSON",
     }
+    refused = [*BAD, *STRANGERS]
+    offsets = [first, first + 1, first + 2, second, second + 1, second + 2]
+    assert [json.loads(letters[o]["value"]) for o in offsets] == refused
 
 
 def test_the_lake_holds_the_clean_readings_by_metric_and_date(
@@ -124,26 +171,54 @@ def test_the_cleaning_job_on_the_broker(
     spark: SparkSession, serving: Settings, cli: RunCli, tmp_path: Path
 ) -> None:
     name = f"iot-clean-{uuid.uuid4().hex[:8]}"
-    raw, dest = f"{name}-raw", f"{name}-clean"
+    raw, dest, registry = f"{name}-raw", f"{name}-clean", f"{name}-registry"
+    register(serving.kafka, {d: f"token-{d}" for d in device_names(8)}, topic=registry)
+    # An hour ago, not a fixed date: the records are stamped when sent, and readings a
+    # month older than that would be refused.
     sent = cli(
-        "iot", "simulate", "--devices", "8", "--rate", "8", "--start", "2026-11-20T00:00:00Z",
-        "--duration", "3m", "--readings-topic", raw, "--events-topic", f"{name}-events",
-        "--labels", str(tmp_path / "labels.jsonl"), "--partitions", "2",
+        "iot", "simulate", "--devices", "8", "--rate", "8", "--start", "1h",
+        "--duration", "3m", "--anomalies-per-day", "0", "--readings-topic", raw,
+        "--events-topic", f"{name}-events", "--labels", str(tmp_path / "labels.jsonl"),
+        "--partitions", "2",
     )  # fmt: skip
     assert sent.code == 0, sent.err
     summary = json.loads(sent.out)
     assert summary["duplicates"] > 0, "no duplicate sent: the test would not cover dedup"
-    queries = start_app(build, JobContext(name, {"source": raw, "dest": dest}, spark, serving))
+    # Stamped by their producer with a time of their own, as a replay's records are:
+    # a device nobody registered, and a clock ten days ahead of its sending.
+    strangers = [
+        (reading("dev-unknown", "2026-11-20T00:01:00Z"), "2026-11-20T00:01:00Z"),
+        (reading("dev-000003", "2026-11-20T00:00:00Z"), "2026-11-10T00:00:00Z"),
+    ]
+    client = producer(serving.kafka, acks="all")
+    for value, stamp in strangers:
+        at = to_epoch_ms(datetime.fromisoformat(stamp))
+        client.produce(raw, json.dumps(value).encode(), value["device"].encode(), timestamp=at)
+    assert client.flush(30) == 0
+    context = JobContext(name, {"source": raw, "dest": dest, "registry": registry}, spark, serving)
+    queries = start_app(build, context)
     try:
 
-        def all_passed() -> list[dict[str, Any]] | None:
-            values = topic_values(serving, dest)
-            return values if len(values) >= summary["readings"] else None
+        def all_judged() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+            values, letters = topic_values(serving, dest), topic_values(serving, f"{name}.dlq")
+            done = len(values) >= summary["readings"] and len(letters) >= len(strangers)
+            return (values, letters) if done else None
 
-        clean = wait_for(all_passed, timeout=180, interval=1.0, what="every reading cleaned")
+        clean, letters = wait_for(
+            all_judged, timeout=180, interval=1.0, what="every reading cleaned or refused"
+        )
     finally:
         for query in queries:
             query.stop()
-    # Each reading once, duplicates dropped, nothing refused.
+    # Each reading once, duplicates dropped; the strangers refused, with their bytes.
     assert len(clean) == len({v["id"] for v in clean}) == summary["readings"]
-    assert topic_values(serving, f"{name}.dlq") == []
+    assert sorted(
+        (d["error"], json.loads(base64.b64decode(d["value_base64"]))) for d in letters
+    ) == [
+        (
+            "time 2026-11-20T00:00:00.000Z is 10 days after the reading was logged "
+            "(at most 1d ahead)",
+            strangers[1][0],
+        ),
+        ("unknown device 'dev-unknown'", strangers[0][0]),
+    ]

@@ -21,6 +21,7 @@ def test_exported_members() -> None:
         "count",
         "lake",
         "load_settings",
+        "logged_at",
         "max",
         "mean",
         "min",

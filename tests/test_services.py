@@ -1,5 +1,5 @@
 """Redis, `kappaflow setup`, `up | down | status` and the global flags, on services of
-their own."""
+their own (the MQTT broker's own tests are in test_iot_mqtt.py)."""
 
 from __future__ import annotations
 
@@ -63,10 +63,12 @@ def test_up_status_down(own: Settings) -> None:
     rows = {
         r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
     }
-    assert rows["kafka"]["state"] == "running" and rows["redis"]["state"] == "running"
+    assert {r["state"] for r in rows.values()} == {"running"}
+    assert list(rows) == ["kafka", "redis", "mqtt"]
     assert rows["kafka"]["address"] == own.kafka.bootstrap
+    assert rows["mqtt"]["address"] == f"mqtt://127.0.0.1:{own.mqtt.port}"
     again = run_kappaflow(own, "up")
-    assert again.err.count("already running") == 2
+    assert again.err.count("already running") == 3
     # By default nothing embedded listens beyond loopback.
     for row in rows.values():
         listening = [
@@ -77,6 +79,7 @@ def test_up_status_down(own: Settings) -> None:
         assert listening and all(is_loopback(a.ip) for a in listening), (row, listening)
     down = run_kappaflow(own, "down")
     assert down.code == 0
+    assert [line.split()[0] for line in down.err.splitlines()] == ["mqtt", "redis", "kafka"]
     rows = {
         r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
     }
@@ -90,11 +93,18 @@ def test_a_command_stops_only_the_services_it_started(own: Settings) -> None:
     said: list[str] = []
     with services.embedded_services(own, said.append):
         states = {r.service: r.state for r in services.status(own)}
-        assert states == {"kafka": "running", "redis": "running"}
-    assert said == [f"kafka started on {own.kafka.bootstrap}", "kafka stopped"]
+        assert states == {"kafka": "running", "redis": "running", "mqtt": "running"}
+    mqtt = f"mqtt://127.0.0.1:{own.mqtt.port}"
+    assert said == [
+        f"kafka started on {own.kafka.bootstrap}",
+        f"mqtt started on {mqtt}",
+        "mqtt stopped",
+        "kafka stopped",
+    ]
     assert {r.service: r.state for r in services.status(own)} == {
         "kafka": "stopped",
         "redis": "running",
+        "mqtt": "stopped",
     }
 
 
@@ -102,6 +112,7 @@ def test_external_services_are_not_managed(own: Settings) -> None:
     env = {
         "KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS": "kafka.example:9092",
         "KAPPAFLOW_REDIS__URL": "redis://cache.example:6379/0",
+        "KAPPAFLOW_MQTT__URL": "mqtt://mqtt.example:1883",
     }
     rows = [json.loads(line) for line in run_kappaflow(own, "status", "--json", env=env).lines()]
     assert {r["state"] for r in rows} == {"external"}
@@ -118,8 +129,11 @@ def test_setup_again_finds_everything_in_place(own: Settings) -> None:
     runs = [run_kappaflow(own, "setup", timeout=120) for _ in range(2)]
     for result in runs:
         assert result.code == 0, result.err
-        java, found, ready = result.err.splitlines()  # nothing resolved, nothing built
+        # Nothing resolved, built or installed.
+        # (Without mosquitto, a line says the broker is amqtt before the broker's line.)
+        java, found, *_, mqtt, ready = result.err.splitlines()
         assert java.startswith("java ") and found.startswith("redis-server at ")
+        assert mqtt.startswith("mqtt broker: ")
         assert ready == f"jars ready in {JARS}"
         assert result.out == ""
     assert runs[0].err == runs[1].err
@@ -166,7 +180,7 @@ def test_redis_commands_and_the_global_flags(own: Settings, tmp_path: Path) -> N
         rows = [json.loads(line) for line in external("status", "--json").lines()]
         assert rows[1] == {"service": "redis", "state": "external", "address": url, "pid": None}
         down = external("down")
-        assert (down.code, down.err) == (0, "kafka was not running\n")
+        assert (down.code, down.err) == (0, "mqtt was not running\nkafka was not running\n")
         assert status() == running
 
         spec = CountSpec(source="views", key_field="page", time_field="ts", window_ms=60_000)

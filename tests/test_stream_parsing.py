@@ -16,7 +16,7 @@ import pytest
 from order_records import Order
 from pydantic import BaseModel
 from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql.types import LongType, StringType
+from pyspark.sql.types import LongType, StringType, TimestampType
 
 from kappaflow.errors import StreamError
 from kappaflow.streams import parsing
@@ -78,10 +78,12 @@ def test_output_columns_and_types(spark: SparkSession) -> None:
         "_kf_topic",
         "_kf_partition",
         "_kf_offset",
+        "_kf_logged",
     ]
     types = {f.name: f.dataType for f in out.schema.fields}
     assert all(types[f.name] == f.dataType for f in schema.struct.fields)
     assert types["_kf_time"] == LongType() and types["_kf_reason"] == StringType()
+    assert types["_kf_logged"] == TimestampType()
 
 
 BAD: list[tuple[bytes | None, str]] = [
@@ -202,6 +204,7 @@ def test_a_good_record_parses_to_typed_values(good_rows: list[Row]) -> None:
     assert (row["total"], row["paid"], row["region"]) == (6.0, False, "eu")
     assert row["created"].astimezone(UTC) == datetime(2024, 1, 2, 2, 4, 5, 250000, tzinfo=UTC)
     assert isinstance(row["total"], float)
+    assert row["_kf_logged"].astimezone(UTC) == KAFKA_TS
 
 
 @pytest.mark.parametrize("index", range(len(GOOD_CASES)))

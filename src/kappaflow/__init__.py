@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         min,
         sum,
     )
-    from kappaflow.streams.job import Job, Stream, Table, Windowed
+    from kappaflow.streams.job import Job, Stream, Table, Windowed, logged_at
     from kappaflow.streams.schema import EventTime
     from kappaflow.streams.sinks import lake, store, topic
     from kappaflow.streams.stateful import StateContext, stateful
@@ -47,6 +47,7 @@ _API = {
     "Stream": "kappaflow.streams.job",
     "Windowed": "kappaflow.streams.job",
     "Table": "kappaflow.streams.job",
+    "logged_at": "kappaflow.streams.job",
     "EventTime": "kappaflow.streams.schema",
     "count": "kappaflow.streams.aggregates",
     "sum": "kappaflow.streams.aggregates",
@@ -77,6 +78,7 @@ __all__ = [
     "count",
     "lake",
     "load_settings",
+    "logged_at",
     "max",
     "mean",
     "min",

@@ -128,6 +128,13 @@ class JarsDirError(SetupError, PermissionError):
     code = "KF207"
 
 
+class MqttBrokerNotFoundError(SetupError, LookupError):
+    """No MQTT broker to run: the configured mosquitto does not exist, or neither
+    mosquitto nor the amqtt package is installed."""
+
+    code = "KF208"
+
+
 # KF3xx: the embedded services (Kafka broker, Redis).
 
 
@@ -177,6 +184,13 @@ class ProcessStopError(ServiceError):
     """A managed process survived SIGKILL."""
 
     code = "KF307"
+
+
+class MqttConnectError(ServiceError, ConnectionError):
+    """The MQTT broker cannot be reached, or refuses the bridge's connection or
+    subscription."""
+
+    code = "KF308"
 
 
 # KF4xx: the Kafka cluster.
@@ -288,6 +302,13 @@ class InvalidWindowError(InputError):
     """A counting job's window, slide, session gap, watermark or lateness is out of range."""
 
     code = "KF509"
+
+
+class InvalidTopicFilterError(InputError):
+    """The MQTT bridge's topic filter has no single-level wildcard (``+``) for the
+    device id."""
+
+    code = "KF510"
 
 
 # KF6xx: streaming jobs.
@@ -645,6 +666,51 @@ class StateAfterStreamJoinError(StreamError):
     watermark after a stateful operator."""
 
     code = "KF754"
+
+
+# KF8xx: the HTTP APIs. Each class has the HTTP status its answer carries.
+
+
+class GatewayError(KappaflowError):
+    """An HTTP request the gateway refuses; answered as JSON ``{"code", "error"}``."""
+
+    code = "KF800"
+    status = 500
+
+
+class GatewayBadRequestError(GatewayError, ValueError):
+    """The request's body is not JSON, is too large, or holds too many items."""
+
+    code = "KF801"
+    status = 400
+
+
+class GatewayUnauthorizedError(GatewayError, PermissionError):
+    """The request has no token, or not the device's token."""
+
+    code = "KF802"
+    status = 401
+
+
+class UnknownDeviceError(GatewayError, LookupError):
+    """The device of the request is not in the device registry."""
+
+    code = "KF803"
+    status = 404
+
+
+class GatewayOverloadError(GatewayError):
+    """Too many records wait for Kafka's acknowledgement: the request is refused whole."""
+
+    code = "KF804"
+    status = 429
+
+
+class GatewayUnavailableError(GatewayError):
+    """Kafka did not acknowledge the request's records in time, or is known down."""
+
+    code = "KF805"
+    status = 503
 
 
 def catalogue() -> dict[str, type[KappaflowError]]:

@@ -1,7 +1,7 @@
 """All embedded services at once: ``kappaflow up | down | status``.
 
-Only what the settings leave embedded is touched: with an external Kafka cluster or an
-external Redis configured, that service is reported as external and never started here.
+Only what the settings leave embedded is touched: with an external Kafka cluster, Redis
+or MQTT broker configured, that service is reported as external and never started here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
@@ -47,12 +48,20 @@ def up(settings: Settings) -> list[str]:
         store = EmbeddedRedis(settings)
         started = store.start()
         done.append(f"redis {'started' if started else 'already running'} on {store.url}")
+    if settings.mqtt.embedded:
+        mqtt = EmbeddedMqtt(settings)
+        started = mqtt.start()
+        done.append(f"mqtt {'started' if started else 'already running'} on {mqtt.url}")
     return done
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop every embedded service, Redis first (jobs write to it), then the broker."""
+    """Stop every embedded service: the MQTT broker first (it feeds Kafka through the
+    bridge), then Redis (jobs write to it), then the Kafka broker."""
     done: list[str] = []
+    if settings.mqtt.embedded:
+        stopped = EmbeddedMqtt(settings).stop()
+        done.append(f"mqtt {'stopped' if stopped else 'was not running'}")
     if settings.redis.embedded:
         stopped = EmbeddedRedis(settings).stop()
         done.append(f"redis {'stopped' if stopped else 'was not running'}")
@@ -64,25 +73,30 @@ def down(settings: Settings) -> list[str]:
 
 @contextmanager
 def embedded_services(settings: Settings, say: Callable[[str], None]) -> Iterator[None]:
-    """Start the embedded broker and Redis where they do not run, for the ``with`` block;
-    then stop only those it started. A service that ran before keeps running."""
-    started: list[EmbeddedBroker | EmbeddedRedis] = []
+    """Start the embedded services where they do not run, for the ``with`` block; then
+    stop only those it started. A service that ran before keeps running."""
+    started: list[tuple[str, EmbeddedBroker | EmbeddedRedis | EmbeddedMqtt]] = []
     try:
         if settings.kafka.embedded:
             broker = EmbeddedBroker(settings)
             if broker.start():
-                started.append(broker)
+                started.append(("kafka", broker))
                 say(f"kafka started on {broker.bootstrap}")
         if settings.redis.embedded:
             store = EmbeddedRedis(settings)
             if store.start():
-                started.append(store)
+                started.append(("redis", store))
                 say(f"redis started on {store.url}")
+        if settings.mqtt.embedded:
+            mqtt = EmbeddedMqtt(settings)
+            if mqtt.start():
+                started.append(("mqtt", mqtt))
+                say(f"mqtt started on {mqtt.url}")
         yield
     finally:
-        for service in reversed(started):
+        for name, service in reversed(started):
             service.stop()
-            say(f"{'redis' if isinstance(service, EmbeddedRedis) else 'kafka'} stopped")
+            say(f"{name} stopped")
 
 
 def status(settings: Settings) -> list[ServiceRow]:
@@ -97,4 +111,9 @@ def status(settings: Settings) -> list[ServiceRow]:
         rows.append(ServiceRow("redis", store.state, store.url, store.pid))
     else:
         rows.append(ServiceRow("redis", EXTERNAL, settings.redis.effective_url, None))
+    if settings.mqtt.embedded:
+        mqtt = EmbeddedMqtt(settings).status()
+        rows.append(ServiceRow("mqtt", mqtt.state, mqtt.url, mqtt.pid))
+    else:
+        rows.append(ServiceRow("mqtt", EXTERNAL, settings.mqtt.effective_url, None))
     return rows

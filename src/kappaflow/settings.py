@@ -174,6 +174,44 @@ class RedisSettings(_Section):
         return self.url or f"redis://{self.host}:{self.port}/0"
 
 
+class MqttSettings(_Section):
+    """Where devices publish over MQTT: an external broker, or the embedded one."""
+
+    url: str | None = Field(
+        default=None, description="mqtt://host:port of an external broker; unset = embedded"
+    )
+    host: str = Field(default="127.0.0.1", description="address the embedded broker listens on")
+    # Not 1883: a broker installed from the system's packages may run there as a service.
+    port: int = Field(default=11883, ge=1, le=65535, description="embedded broker's port")
+    binary: Path | None = Field(
+        default=None, description="mosquitto to run; default: PATH and sbin, then amqtt"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _mqtt_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"mqtt://[^/:]+(:\d{1,5})?/?", value):
+            raise ValueError(f"{value!r} is not mqtt://host[:port]")
+        return value
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The broker's host and port, embedded or external."""
+        if self.url is None:
+            return self.host, self.port
+        host, _, port = self.url.removeprefix("mqtt://").rstrip("/").partition(":")
+        return host, int(port) if port else 1883
+
+    @property
+    def effective_url(self) -> str:
+        host, port = self.address
+        return f"mqtt://{host}:{port}"
+
+
 class Settings(BaseSettings):
     """Everything configurable in kappaflow, validated once, immutable afterwards."""
 
@@ -204,6 +242,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
 
     @classmethod
     def settings_customise_sources(

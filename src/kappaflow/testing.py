@@ -9,8 +9,8 @@ replaced by twins that keep what they were given (the lake is real Parquet, in a
 temporary directory). The result holds every output record, dead letter and late event.
 
 A record in a batch is a ``dict`` (sent as JSON), a ``str`` or ``bytes`` (sent as they
-are: malformed input for dead-letter tests), or a :class:`Record` with a key and a
-partition.
+are: malformed input for dead-letter tests), or a :class:`Record` with a key, a
+partition and a Kafka timestamp (by default, when the harness writes the batch).
 """
 
 from __future__ import annotations
@@ -55,11 +55,14 @@ _ARROW_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class Record:
-    """A source record with its Kafka key and partition."""
+    """A source record with its Kafka key, partition and timestamp."""
 
     value: Any
     key: str | bytes | None = None
     partition: int = 0
+    #: When the record was written to Kafka (``kf.logged_at()``; timezone-aware), for
+    #: rules that judge by it; None: when the harness writes the batch.
+    timestamp: datetime | None = None
 
 
 @dataclass
@@ -140,8 +143,11 @@ class BatchFiles:
         base = 1_600_000_000
         for index, batch in enumerate(batches):
             rows = []
+            written = datetime.now(UTC)
             for item in batch:
                 record = item if isinstance(item, Record) else Record(item)
+                if record.timestamp is not None and record.timestamp.tzinfo is None:
+                    raise HarnessError(f"{topic}: a Record's timestamp needs a zone (UTC)")
                 offset = next_offset.get(record.partition, 0)
                 next_offset[record.partition] = offset + 1
                 rows.append(
@@ -151,7 +157,7 @@ class BatchFiles:
                         "topic": topic,
                         "partition": record.partition,
                         "offset": offset,
-                        "timestamp": datetime.now(UTC),
+                        "timestamp": record.timestamp or written,
                     }
                 )
             path = folder / f"batch-{index:05d}.parquet"

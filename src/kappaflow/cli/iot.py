@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from kappaflow.cli import iot_gateway
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.data import TIME
 from kappaflow.cli.output import json_line, say
@@ -263,4 +264,9 @@ def _through_kafka(
             spark.stop()
 
 
+for _command in iot_gateway.COMMANDS:
+    iot.add_command(_command)
+
 COMMANDS = (iot,)
+# `iot bridge`, the MQTT bridge's command, lives in a module of its own.
+iot.add_command(__import__("kappaflow.cli.iot_mqtt", fromlist=["_"]).bridge_command)

@@ -1,4 +1,5 @@
-"""``setup``, ``kafka``, ``redis``, ``up``, ``down``, ``status``: the embedded services."""
+"""``setup``, ``kafka``, ``redis``, ``mqtt``, ``up``, ``down``, ``status``: the embedded
+services."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import iso_from_epoch_s, json_line, say, table
 from kappaflow.errors import ExternalServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
 
 
 @click.command()
 @pass_context
 def setup(ctx: Context) -> None:
-    """Check prerequisites and resolve the JVM artifacts from Maven Central (idempotent)."""
+    """Check prerequisites, resolve the JVM artifacts from Maven Central and install an
+    MQTT broker if there is none (idempotent)."""
     from kappaflow.install import find_java, resolve_all
     from kappaflow.install.localfs import build_local_fs
+    from kappaflow.install.mqtt import ensure_mqtt_broker
 
     settings = ctx.settings
     java = find_java()
@@ -30,6 +34,7 @@ def setup(ctx: Context) -> None:
     if built is not None:
         say(built)
     say(f"redis-server at {find_redis_server(settings.redis.binary)}")
+    say(ensure_mqtt_broker(settings, say))
     say(f"jars ready in {settings.jars_path}")
 
 
@@ -54,6 +59,14 @@ def _embedded_redis(ctx: Context) -> EmbeddedRedis:
             "Redis is external (redis.url is set): kappaflow does not manage it"
         )
     return EmbeddedRedis(ctx.settings)
+
+
+def _embedded_mqtt(ctx: Context) -> EmbeddedMqtt:
+    if not ctx.settings.mqtt.embedded:
+        raise ExternalServiceError(
+            "the MQTT broker is external (mqtt.url is set): kappaflow does not manage it"
+        )
+    return EmbeddedMqtt(ctx.settings)
 
 
 @click.group()
@@ -144,10 +157,47 @@ def redis_status(ctx: Context, as_json: bool) -> None:
     _show(row, as_json)
 
 
+@click.group()
+def mqtt() -> None:
+    """The embedded MQTT broker devices publish to (mosquitto, else amqtt)."""
+
+
+@mqtt.command("start")
+@pass_context
+def mqtt_start(ctx: Context) -> None:
+    """Start the MQTT broker and wait until it accepts a connection."""
+    broker = _embedded_mqtt(ctx)
+    started = broker.start()
+    say(f"mqtt {'started' if started else 'already running'} on {broker.url}")
+
+
+@mqtt.command("stop")
+@pass_context
+def mqtt_stop(ctx: Context) -> None:
+    """Stop the MQTT broker (mosquitto keeps its sessions and queued messages on disk)."""
+    stopped = _embedded_mqtt(ctx).stop()
+    say("mqtt stopped" if stopped else "mqtt was not running")
+
+
+@mqtt.command("status")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@pass_context
+def mqtt_status(ctx: Context, as_json: bool) -> None:
+    """Whether the MQTT broker runs, its pid and address."""
+    status = _embedded_mqtt(ctx).status()
+    row = {
+        "state": status.state.value,
+        "pid": status.pid,
+        "url": status.url,
+        "started_at": iso_from_epoch_s(status.started_at),
+    }
+    _show(row, as_json)
+
+
 @click.command()
 @pass_context
 def up(ctx: Context) -> None:
-    """Start every embedded service (Kafka, Redis) that is not running."""
+    """Start every embedded service (Kafka, Redis, MQTT) that is not running."""
     for line in svc.up(ctx.settings):
         say(line)
 
@@ -177,4 +227,4 @@ def status(ctx: Context, as_json: bool) -> None:
         )
 
 
-COMMANDS = (setup, kafka, redis, up, down, status)
+COMMANDS = (setup, kafka, redis, mqtt, up, down, status)

@@ -124,6 +124,11 @@ class Tally:
 _Held = tuple[float, int, Outgoing]
 
 
+def device_names(n: int) -> list[str]:
+    """The ids of a fleet of ``n`` devices."""
+    return [f"dev-{i:06d}" for i in range(n)]
+
+
 class Simulation:
     """A fleet from ``config`` whose clock starts at ``start`` (epoch s)."""
 
@@ -134,7 +139,7 @@ class Simulation:
         self.rng = np.random.default_rng(config.seed)
         self.fleet = Fleet(n, self.rng)
         self.anomalies = Anomalies(n, config.anomalies_per_day, self.rng)
-        self.names = [f"dev-{i:06d}" for i in range(n)]
+        self.names = device_names(n)
         self.keys = [name.encode() for name in self.names]
         skewed = self.rng.random(n) < config.skewed_share
         self.skew = np.where(skewed, self.rng.uniform(-1.0, 1.0, n) * config.max_skew_s, 0.0)

@@ -38,6 +38,14 @@ def parse_configs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
 #: machine, so that a local Spark job reading it runs a task on every core (a partition
 #: is read by one task). On a cluster, give a number that fits the cluster.
 DEFAULT_PARTITIONS = os.cpu_count() or 1
+#: A compacted topic's configuration: segments roll every ten minutes and are cleaned
+#: once a tenth of the log is superseded, so that a table read of it (``job.table``, the
+#: device registry) reads little more than the latest record per key.
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
 
 
 def create_topic(

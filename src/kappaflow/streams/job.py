@@ -6,7 +6,9 @@ nothing: after ``build`` returns, the runtime (runtime.py) starts one query per 
 with all the output's sinks in one batch writer. Every stream keeps kappaflow's
 bookkeeping columns beside the user's (``_kf_time``: event time in epoch ms,
 ``_kf_partition`` and ``_kf_offset``: where in the source the row came from), which is
-how late events are found and reported again with their original bytes.
+how late events are found and reported again with their original bytes. Until a stream
+is processed or aggregated it also keeps the record as Kafka held it: its bytes, topic
+and timestamp (``logged_at``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,26 @@ if TYPE_CHECKING:
 #: The columns kappaflow keeps beside a stream's own.
 TIME, PARTITION, OFFSET = "_kf_time", "_kf_partition", "_kf_offset"
 BOOKKEEPING = (TIME, PARTITION, OFFSET)
-#: The parser's verdict columns, beside the bookkeeping ones until the stream is output.
-_VERDICT = ("_kf_reason", "_kf_value", "_kf_topic")
+#: The record's Kafka timestamp, which ``logged_at`` names.
+LOGGED = "_kf_logged"
+#: The parser's verdict and the record as Kafka held it, beside the bookkeeping columns
+#: until the stream is output (``Stream.df`` leaves them out).
+_VERDICT = ("_kf_reason", "_kf_value", "_kf_topic", LOGGED)
+
+
+def logged_at() -> Column:
+    """The time each record was written to Kafka, as a timestamp column: its Kafka
+    timestamp, the producer's create time (or the broker's append time, on a topic with
+    ``message.timestamp.type=LogAppendTime``), kept in the log with the record.
+
+    For rules on a source's records that must judge a replay as they judged the live run,
+    which the clock (``current_timestamp()``) does not: ``readings.reject(F.col("time") >
+    kf.logged_at() + F.expr("INTERVAL 1 DAY"), "from the future")``. It names a column of
+    a source's stream and of the streams made from it by ``where``, ``select``,
+    ``with_column``, ``reject`` and ``join`` (the left stream's record); a processed or
+    aggregated stream's records are new, and have none.
+    """
+    return F.col(LOGGED)
 
 
 class Reader(Protocol):

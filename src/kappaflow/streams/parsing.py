@@ -116,7 +116,8 @@ def parse_records(
     """Kafka source rows → the record's top-level fields, typed, then ``_kf_time`` (epoch
     ms; null without ``time``, as for a reference table's records), ``_kf_reason`` (null
     when the record is good), ``_kf_value`` (original bytes),
-    ``_kf_topic``, ``_kf_partition``, ``_kf_offset``. Bad records have null fields."""
+    ``_kf_topic``, ``_kf_partition``, ``_kf_offset`` and ``_kf_logged`` (the record's
+    Kafka timestamp). Bad records have null fields."""
     nodes = _nodes(schema, time=time, keys=keys, id=id)
     settled = _fast_path(raw, nodes)
     j = F.col("_kf_j")
@@ -151,6 +152,7 @@ def parse_records(
         F.col("topic").alias("_kf_topic"),
         F.col("partition").alias("_kf_partition"),
         F.col("offset").alias("_kf_offset"),
+        F.col("timestamp").alias("_kf_logged"),
     )
 
 

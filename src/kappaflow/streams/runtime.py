@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError
+from kappaflow.kafka.topics import COMPACTED
 from kappaflow.streams.backends import Publisher, ResultStore
 from kappaflow.streams.job import BOOKKEEPING, Job, Output, Reader, Source
 from kappaflow.streams.joins import stream_joined
@@ -99,16 +100,6 @@ def declare(
 def output_topics(job: Job) -> list[str]:
     """Every topic the job publishes to."""
     return sorted(topic_configs(job))
-
-
-#: A compacted output's topic: segments roll every ten minutes and are cleaned once a
-#: tenth of the log is superseded, so that a table read of it (``job.table``) reads little
-#: more than the latest record per key.
-COMPACTED = {
-    "cleanup.policy": "compact",
-    "segment.ms": "600000",
-    "min.cleanable.dirty.ratio": "0.1",
-}
 
 
 def topic_configs(job: Job) -> dict[str, dict[str, str]]:

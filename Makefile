@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STATE_DIR ?= .kappaflow
 # Test workers for make test: each runs whole test files, with services of its own.
 TEST_WORKERS ?= 2
+# The venv has the mqtt extra (amqtt): the MQTT tests run on it as well as on mosquitto,
+# which setup installs from the system's packages when it runs as root.
 # Stamps make setup incremental: the venv is rebuilt when either pyproject.toml changes
 # (the product's or the benchmarks'), the jars when their POMs change (kappaflow setup
 # checks the POM fingerprints itself).
@@ -24,11 +26,11 @@ $(VENV_STAMP): pyproject.toml benchmarks/pyproject.toml
 	@scripts/prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' -e benchmarks
+	$(BIN)/python -m pip install --quiet -e '.[dev,mqtt]' -e benchmarks
 	@touch $@
 
 demo: setup
-	$(BIN)/kappaflow --state-dir $(STATE_DIR) demo
+	$(BIN)/kappaflow --state-dir $(STATE_DIR) iot demo
 
 lint: $(VENV_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples conftest.py

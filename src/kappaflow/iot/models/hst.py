@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
-
-from river.anomaly import HalfSpaceTrees
+from typing import TYPE_CHECKING, Any
 
 from kappaflow.iot.models.base import Model, Params, Trainer
 from kappaflow.iot.models.robust import RobustTrainer
+
+if TYPE_CHECKING:
+    from river.anomaly import HalfSpaceTrees
 
 _SEED = 7
 _TREES = 10
@@ -40,6 +41,10 @@ def _features(value: float, before: float | None, level: float, spread: float) -
 
 
 def _new_trees() -> HalfSpaceTrees:
+    # Imported here: river takes a second and a half to import, and every Spark Python
+    # worker of a job that imports this package would pay it, used or not.
+    from river.anomaly import HalfSpaceTrees
+
     return HalfSpaceTrees(n_trees=_TREES, height=_HEIGHT, window_size=_WINDOW, seed=_SEED)
 
 

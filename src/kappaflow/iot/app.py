@@ -1,0 +1,50 @@
+"""The whole IoT application as one job: the cleaning, training, scoring, alerting and
+device-state jobs' streams declared on one job, run by one Spark driver.
+
+On a cluster each job runs on its own (``docs/iot.md``), scaled and restarted apart; on
+one small machine five drivers cost five JVMs, so this job runs them as one::
+
+    kappaflow jobs start iot --app kappaflow.iot.app:build [-P score.dest=...]
+
+A part's parameters are the job's parameters prefixed with the part's name
+(``clean.source``, ``train.model``, ``score.models``, ``alerts.dest``,
+``devices.events``, ...). The outputs keep their names (``clean``, ``models``, ``scores``,
+``alerts``, ``status``, ``last_values``); served keys are under this job's name, and its
+dead letters go to one topic, ``JOB.dlq``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import kappaflow as kf
+from kappaflow.iot import alerts, clean, devices, score, train
+
+#: The parts, in the order their streams are declared.
+PARTS: dict[str, Callable[[kf.Job], None]] = {
+    "clean": clean.build,
+    "train": train.build,
+    "score": score.build,
+    "alerts": alerts.build,
+    "devices": devices.build,
+}
+
+
+class _Part:
+    """The job as one part sees it: its parameters are the job's ``PART.KEY`` ones."""
+
+    def __init__(self, job: kf.Job, part: str) -> None:
+        self._job = job
+        self._part = part
+
+    def param(self, key: str, default: str | None = None) -> str:
+        return self._job.param(f"{self._part}.{key}", default)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job, name)
+
+
+def build(job: kf.Job) -> None:
+    for part, build_part in PARTS.items():
+        build_part(cast(kf.Job, _Part(job, part)))

@@ -1,0 +1,371 @@
+"""The IoT demo: a fleet streams through the HTTP gateway and MQTT, the application's jobs
+run, and the terminal shows the fleet, its readings, open alerts and the models, live.
+
+It starts the embedded services, registers the fleet, runs the gateway and the two MQTT
+bridges (readings and events) in this process, starts the five jobs as processes of their
+own (clean, train, score, alerts, devices; in that order, each after what it reads
+exists), and runs the simulator live: devices of even number send over HTTP, odd over
+MQTT. Ctrl-C (or the end of ``duration``) stops the simulator, then the jobs, the bridges,
+the gateway, and the services it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from confluent_kafka import TopicPartition
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from kappaflow import services
+from kappaflow.errors import JobError, JobNotFoundError, JobStartError
+from kappaflow.iot.feed import LabelsFile, feed
+from kappaflow.iot.gateway import Gateway, GatewayConfig, create_app
+from kappaflow.iot.registry import Registry, fleet_tokens, register
+from kappaflow.iot.senders import GatewaySink, MqttSink, SplitSink
+from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
+from kappaflow.jobs.manager import ACTIVE_STATES, START_TIMEOUT_S, JobManager
+from kappaflow.kafka.clients import consumer
+from kappaflow.kafka.topics import (
+    COMPACTED,
+    DEFAULT_PARTITIONS,
+    create_topic,
+    delete_topic,
+    list_topics,
+)
+from kappaflow.mqtt.bridge import MqttBridge
+from kappaflow.procs import port_in_use
+from kappaflow.serving.client import redis_client
+from kappaflow.settings import Settings
+from kappaflow.streams.backends import read_latest
+from kappaflow.streams.removal import remove_job
+from kappaflow.waiting import wait_for
+
+#: The demo's topics: the application's, under a prefix of their own, so that the demo
+#: starts from nothing each time without touching the application's own topics.
+PREFIX = "demo."
+RAW, EVENTS, CLEAN = f"{PREFIX}telemetry.raw", f"{PREFIX}devices.events", f"{PREFIX}telemetry.clean"
+MODELS, SCORES, ALERTS = f"{PREFIX}models", f"{PREFIX}scores", f"{PREFIX}alerts"
+STATUS, REGISTRY, DLQ = (
+    f"{PREFIX}devices.status",
+    f"{PREFIX}devices.registry",
+    f"{PREFIX}gateway.dlq",
+)
+#: The application as one job (``kappaflow.iot.app``: one Spark driver for the five
+#: jobs' streams), with its parts' parameters.
+JOB = "demo-iot"
+PARAMS = {
+    "clean.source": RAW,
+    "clean.dest": CLEAN,
+    "clean.registry": REGISTRY,
+    "train.source": CLEAN,
+    "train.dest": MODELS,
+    "score.source": CLEAN,
+    "score.models": MODELS,
+    "score.dest": SCORES,
+    "alerts.source": SCORES,
+    "alerts.dest": ALERTS,
+    "devices.events": EVENTS,
+    "devices.source": CLEAN,
+    "devices.status": STATUS,
+}
+JOBS: tuple[tuple[str, str, dict[str, str]], ...] = ((JOB, "kappaflow.iot.app:build", PARAMS),)
+GATEWAY_PORT = 8088
+#: Anomalies a day per device and metric: many, so that alerts come within minutes.
+ANOMALIES_PER_DAY = 48.0
+
+
+@dataclass
+class Models:
+    """The ``models`` topic followed: how many series have a model, the newest version."""
+
+    keys: set[bytes] = field(default_factory=set)
+    version: int = 0
+    model: str = "-"
+
+
+def _follow_models(settings: Settings, models: Models, stop: threading.Event) -> None:
+    client = consumer(settings.kafka, **{"enable.partition.eof": False})
+    try:
+        wait_for(
+            lambda: True if MODELS in client.list_topics(timeout=5).topics else None,
+            timeout=600,
+            what="the models topic",
+        )
+        partitions = client.list_topics(MODELS, timeout=5).topics[MODELS].partitions
+        client.assign([TopicPartition(MODELS, p, 0) for p in partitions])
+        while not stop.is_set():
+            message = client.poll(0.5)
+            if message is None or message.error() is not None or message.value() is None:
+                continue
+            update = json.loads(message.value() or b"{}")
+            models.keys.add(message.key() or b"")
+            if int(update.get("version", 0)) >= models.version:
+                models.version = int(update["version"])
+                models.model = str(update.get("model", "-"))
+    except Exception:
+        return
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def _in_thread(target: Callable[[threading.Event], Any], name: str) -> Iterator[None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+@contextlib.contextmanager
+def _gateway(settings: Settings, port: int) -> Iterator[str]:
+    config = GatewayConfig(readings_topic=RAW, events_topic=EVENTS, dlq_topic=DLQ)
+    gateway = Gateway(settings.kafka, Registry(settings.kafka, REGISTRY), config)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(gateway), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or None, timeout=120, what="the gateway")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def run_iot_demo(
+    settings: Settings,
+    console: Console,
+    *,
+    devices: int,
+    rate: float,
+    duration_s: float | None,
+    port: int = GATEWAY_PORT,
+) -> dict[str, Any]:
+    """Run the application until Ctrl-C or ``duration_s``; what was sent and seen."""
+    say = console.print
+    jobs = JobManager(settings)
+    if port == 0 or port_in_use("127.0.0.1", port):
+        port = _free_port()
+    with services.embedded_services(settings, say):
+        tokens, _new = fleet_tokens(
+            settings.state_dir / "iot" / "tokens.json", device_names(devices)
+        )
+        _fresh(settings, jobs)
+        register(settings.kafka, tokens, topic=REGISTRY)
+        say(f"{devices} devices registered")
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(_gateway(settings, port))
+            say(f"gateway on {url}")
+            for topic, kafka_topic, client in (
+                ("devices/+/telemetry", RAW, "kappaflow-demo-telemetry"),
+                ("devices/+/events", EVENTS, "kappaflow-demo-events"),
+            ):
+                bridge = MqttBridge(settings, topic, kafka_topic, client_id=client)
+                stack.enter_context(_in_thread(bridge.run, f"bridge {topic}"))
+            say("MQTT bridges running")
+            started: list[str] = []
+            stack.callback(_stop_jobs, jobs, started, say)
+            _start_jobs(settings, jobs, started, say)
+            models = Models()
+            stack.enter_context(
+                _in_thread(lambda stop: _follow_models(settings, models, stop), "models")
+            )
+            return _stream(settings, jobs, console, url, tokens, models, devices, rate, duration_s)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _fresh(settings: Settings, jobs: JobManager) -> None:
+    """What a previous demo left: its jobs (stopped, then removed with their checkpoints
+    and serving keys) and its topics."""
+    for name, _app, _params in JOBS:
+        if jobs.get_state(name) in ACTIVE_STATES:
+            jobs.stop(name)
+        with contextlib.suppress(JobNotFoundError):
+            remove_job(settings, name)
+    existing = {t["name"] for t in list_topics(settings.kafka)}
+    for topic in sorted(existing):
+        if topic.startswith((PREFIX, "demo-iot")):
+            delete_topic(settings.kafka, topic)
+
+
+def _start_jobs(
+    settings: Settings, jobs: JobManager, started: list[str], say: Callable[[str], None]
+) -> None:
+    """Start the jobs side by side: their drivers take most of a minute each to start.
+    A job refuses to start on a topic that does not exist, so the topics one job writes
+    and another reads are created first, as the writer would create them."""
+    kafka = settings.kafka
+    for topic in (CLEAN, SCORES):
+        create_topic(kafka, topic, partitions=DEFAULT_PARTITIONS, exist_ok=True)
+    create_topic(
+        kafka, MODELS, partitions=DEFAULT_PARTITIONS, configs=dict(COMPACTED), exist_ok=True
+    )
+    for name, app, params in JOBS:
+        jobs.start(name, app, params, wait=False)
+        started.append(name)
+    say(f"starting jobs {', '.join(started)} ...")
+    for name in started:
+        wait_for(
+            functools.partial(_running, jobs, name),
+            timeout=START_TIMEOUT_S * 2,
+            interval=0.5,
+            what=f"job {name} to run",
+        )
+        say(f"job {name} running")
+
+
+def _running(jobs: JobManager, name: str) -> bool | None:
+    state = jobs.get_state(name)
+    if state in ("failed", "stopped"):
+        raise JobStartError(f"job {name} {state}: " + " ".join(jobs.log_lines(name, 3)))
+    return True if state == "running" else None
+
+
+def _stop_jobs(jobs: JobManager, names: list[str], say: Callable[[str], None]) -> None:
+    for name in reversed(names):
+        with contextlib.suppress(Exception):
+            jobs.stop(name)
+            say(f"job {name} stopped")
+
+
+def _check_running(jobs: JobManager) -> None:
+    """A job that failed ends the demo, with the end of its log."""
+    for name, _app, _params in JOBS:
+        if jobs.get_state(name) != "running":
+            lines = " | ".join(jobs.log_lines(name, 5))
+            raise JobError(f"job {name} is {jobs.get_state(name)}: {lines}")
+
+
+def _stream(
+    settings: Settings,
+    jobs: JobManager,
+    console: Console,
+    url: str,
+    tokens: dict[str, str],
+    models: Models,
+    devices: int,
+    rate: float,
+    duration_s: float | None,
+) -> dict[str, Any]:
+    config = FleetConfig(devices=devices, rate=rate, seed=11, anomalies_per_day=ANOMALIES_PER_DAY)
+    begin = time.time()
+    simulation = Simulation(config, begin)
+    http = GatewaySink(url, tokens)
+    mqtt = MqttSink(*settings.mqtt.address)
+    sink = SplitSink(http, mqtt)
+    labels = LabelsFile(settings.state_dir / "iot" / "demo-labels.jsonl")
+    stop = threading.Event()
+    until = begin + duration_s if duration_s is not None else None
+    sender = threading.Thread(
+        target=feed,
+        args=(simulation, sink, labels),
+        kwargs={"until": until, "live": True, "stop": stop, "step_s": 0.5},
+        name="devices",
+        daemon=True,
+    )
+    sender.start()
+    store = redis_client(settings)
+    seen: dict[str, Any] = {}
+    rates: list[tuple[float, int]] = []
+    try:
+        with Live(console=console, refresh_per_second=1) as live:
+            while sender.is_alive():
+                _check_running(jobs)
+                seen = _look(store, url)
+                sent = http.sent.acknowledged + mqtt.sent.acknowledged
+                rates.append((time.monotonic(), sent))
+                rates[:] = [r for r in rates if r[0] >= time.monotonic() - 10]
+                live.update(_view(seen, models, http, mqtt, rates))
+                sender.join(timeout=1.0)
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    finally:
+        stop.set()
+        sender.join(timeout=60)
+        store.close()
+    return {
+        "http": http.sent.to_json(),
+        "mqtt": mqtt.sent.to_json(),
+        "online": seen.get("online", 0),
+        "open_alerts": len(seen.get("alerts", [])),
+        "models": len(models.keys),
+        "model_version": models.version,
+    }
+
+
+def _look(store: Any, url: str) -> dict[str, Any]:
+    with contextlib.suppress(Exception):
+        status = read_latest(store, JOB, "status")
+        alerts = read_latest(store, JOB, "alerts")
+        opened = [a for a in alerts.values() if a.get("open")]
+        opened.sort(key=lambda a: str(a.get("time")), reverse=True)
+        gateway = httpx.get(f"{url}/v1/health", timeout=2).json()
+        return {
+            "online": sum(1 for s in status.values() if s.get("status") == "online"),
+            "known": len(status),
+            "alerts": opened,
+            "gateway": gateway.get("counts", {}),
+        }
+    return {}
+
+
+def _view(
+    seen: dict[str, Any],
+    models: Models,
+    http: GatewaySink,
+    mqtt: MqttSink,
+    rates: list[tuple[float, int]],
+) -> Group:
+    (t0, n0), (t1, n1) = rates[0], rates[-1]
+    per_s = (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+    head = Table.grid(padding=(0, 3))
+    head.add_row(
+        f"devices online [bold]{seen.get('online', 0)}[/] of {seen.get('known', 0)} seen",
+        f"readings/s [bold]{per_s:,.0f}[/]",
+        f"HTTP {http.sent.acknowledged:,} · MQTT {mqtt.sent.acknowledged:,} acknowledged",
+    )
+    head.add_row(
+        f"open alerts [bold]{len(seen.get('alerts', []))}[/]",
+        f"models [bold]{len(models.keys)}[/] series",
+        f"latest model version [bold]{models.version}[/] ({models.model})",
+    )
+    alerts = Table(title="open alerts (newest first)", title_justify="left")
+    for column in ("device", "metric", "rule", "since", "reason"):
+        alerts.add_column(column)
+    for a in seen.get("alerts", [])[:10]:
+        alerts.add_row(
+            str(a.get("device")),
+            str(a.get("metric")),
+            ", ".join(a.get("open", [])),
+            str(a.get("time", ""))[11:19],
+            str(a.get("reason", ""))[:60],
+        )
+    counts = seen.get("gateway", {})
+    foot = (
+        f"gateway: {counts.get('accepted', 0):,} accepted, {counts.get('rejected', 0):,} "
+        f"dead-lettered · alerts topic: {ALERTS} · Ctrl-C stops everything"
+    )
+    return Group(head, alerts, foot)

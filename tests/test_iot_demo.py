@@ -1,0 +1,68 @@
+"""`make demo`'s command, run for real: devices over HTTP and MQTT, the application's job,
+the live panel, and a clean stop of everything it started."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
+
+from kappaflow import services
+from kappaflow.iot.demo import JOB, MODELS
+from kappaflow.jobs.manager import JobManager
+from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.mqtt.broker import EmbeddedMqtt
+from kappaflow.procs import ProcState
+from kappaflow.serving.redis_server import EmbeddedRedis
+from kappaflow.settings import Settings
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(bool(EXTERNAL_KAFKA), reason="starts services of its own"),
+]
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Iterator[Settings]:
+    settings = make_settings(tmp_path / "state")
+    yield settings
+    services.down(settings)
+
+
+def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> None:
+    # Kafka runs before the demo and keeps running; Redis and MQTT the demo starts and stops.
+    assert EmbeddedBroker(own).start() is True
+    result = run_kappaflow(
+        own,
+        "iot",
+        "demo",
+        "--devices",
+        "20",
+        "--rate",
+        "100",
+        "--duration",
+        "150s",
+        "--port",
+        "0",
+        timeout=900,
+    )
+    assert result.code == 0, result.err[-3000:]
+    summary = json.loads(result.lines()[-1])
+    for path in ("http", "mqtt"):
+        assert summary[path]["acknowledged"] > 2_000, summary
+        assert summary[path]["lost"] == 0, summary
+    assert summary["online"] >= 15, summary
+    assert summary["models"] > 0 and summary["model_version"] >= 1, summary
+    # The panel was drawn, with its figures.
+    assert "devices online" in result.err and "latest model version" in result.err
+    # Models were published to the demo's compacted topic while it ran.
+    assert any(True for _ in read_records(own.kafka, MODELS, start=StartAt(beginning=True)))
+    # Everything the demo started is stopped; what ran before runs on.
+    assert JobManager(own).get_state(JOB) == "stopped"
+    assert EmbeddedRedis(own).status().state is ProcState.STOPPED
+    assert EmbeddedMqtt(own).status().state is ProcState.STOPPED
+    assert EmbeddedBroker(own).status().state is ProcState.RUNNING

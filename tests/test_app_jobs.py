@@ -21,6 +21,7 @@ from conftest import REPO, RunCli, error_line
 from faults import CRASH_AT, CRASH_RECORD
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 import kappaflow as kf
 from kappaflow.errors import KappaflowError
@@ -389,3 +390,53 @@ def test_check_shows_the_joined_table(cli: RunCli, new_topic: Callable[..., str]
     assert result.code == 0, result.err
     assert f"table {products}  (topic does not exist yet): compacted topic, Product" in result.out
     assert f"joined left with table {products} on ['sku']" in result.out
+
+
+@dataclass
+class Tick:
+    n: int
+    at: kf.EventTime
+
+
+def two_topic_outputs(job: kf.Job) -> None:
+    ticks = job.source(job.param("source"), Tick, key="n", time="at")
+    ticks.to(kf.topic(job.param("all")))
+    ticks.where(F.col("n") % 2 == 0).to(kf.topic(job.param("even")))
+    # Two more, so that four transactions want the producer each batch.
+    ticks.where(F.col("n") % 3 == 0).to(kf.topic(job.param("all") + "-3"))
+    ticks.where(F.col("n") % 5 == 0).to(kf.topic(job.param("all") + "-5"))
+
+
+def test_outputs_publishing_side_by_side_take_turns_in_the_job_transactions(
+    spark: SparkSession, serving: Settings
+) -> None:
+    """Each output's query publishes from its own thread through the job's one
+    transactional producer: transactions must not overlap."""
+    name = f"turns-{uuid.uuid4().hex[:8]}"
+    source, every, even = (f"{name}-{part}" for part in ("in", "all", "even"))
+    create_topic(serving.kafka, source, partitions=2)
+    params = {"source": source, "all": every, "even": even}
+    queries = start_app(two_topic_outputs, JobContext(name, params, spark, serving))
+    try:
+        for round_ in range(6):
+            ticks = [{"n": round_ * 4000 + i, "at": 1_764_151_200_000 + i} for i in range(4000)]
+            send_json(serving, source, ticks, key="n")
+            wanted = (round_ + 1) * 4000
+
+            def published(wanted: int = wanted) -> bool | None:
+                failed = [q.exception() for q in queries if not q.isActive]
+                assert not failed, failed
+                return len(topic_values(serving, every)) >= wanted or None
+
+            wait_for(published, timeout=120, interval=0.2, what=f"round {round_} published")
+        wait_for(
+            lambda: len(topic_values(serving, even)) >= 12_000 or None,
+            timeout=120,
+            what="the even ticks",
+        )
+        assert all(q.isActive for q in queries), [q.exception() for q in queries]
+    finally:
+        for query in queries:
+            query.stop()
+    assert sorted(v["n"] for v in topic_values(serving, every)) == list(range(24_000))
+    assert sorted(v["n"] for v in topic_values(serving, even)) == list(range(0, 24_000, 2))

@@ -14,6 +14,7 @@ above the last one applied.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -93,6 +94,7 @@ class KafkaPublisher:
         self.job = job
         self.producer = transactional_producer(settings.kafka, f"kappaflow.job.{job}")
         self._committed = self._read_markers()
+        self._turn = threading.Lock()
 
     def committed(self, output: str) -> dict[str, Any] | None:
         return self._committed.get(output)
@@ -106,21 +108,26 @@ class KafkaPublisher:
         in_transaction: InTransaction | None = None,
     ) -> None:
         producer = self.producer
-        producer.begin_transaction()
-        try:
-            for topic, key, value in records:
-                produce_with_retry(producer, topic, value, key, poll_s=0.2)
-            marker = {"output": output, "batch_id": batch_id, **marker}
-            body = json.dumps(marker).encode()
-            produce_with_retry(producer, commits_topic(self.job), body, output.encode())
-            producer.flush(120)
-            if in_transaction is not None:
-                in_transaction()
-            producer.commit_transaction(120)
-        except KafkaException as exc:
-            producer.abort_transaction(60)
-            raise ProduceError(f"publishing batch {batch_id} of {output} failed: {exc}") from None
-        self._committed[output] = marker
+        # One producer, one transaction at a time: the outputs' queries run side by side
+        # and each publishes from its own thread, so their transactions take turns.
+        with self._turn:
+            producer.begin_transaction()
+            try:
+                for topic, key, value in records:
+                    produce_with_retry(producer, topic, value, key, poll_s=0.2)
+                marker = {"output": output, "batch_id": batch_id, **marker}
+                body = json.dumps(marker).encode()
+                produce_with_retry(producer, commits_topic(self.job), body, output.encode())
+                producer.flush(120)
+                if in_transaction is not None:
+                    in_transaction()
+                producer.commit_transaction(120)
+            except KafkaException as exc:
+                producer.abort_transaction(60)
+                raise ProduceError(
+                    f"publishing batch {batch_id} of {output} failed: {exc}"
+                ) from None
+            self._committed[output] = marker
 
     def _read_markers(self) -> dict[str, dict[str, Any]]:
         """The last committed batch of every output, from ``JOB.commits``: the log up to

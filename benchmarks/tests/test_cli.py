@@ -7,7 +7,15 @@ import pytest
 from kappaflow.cli import main as kappaflow_main
 from kappaflow_bench.cli import main
 
-COMMANDS = ("count", "count-scale", "api", "ysb", "ysb-sweep", "ysb-generator")
+COMMANDS = (
+    "count",
+    "count-scale",
+    "api",
+    "iot-ingest",
+    "ysb",
+    "ysb-sweep",
+    "ysb-generator",
+)
 
 
 def test_kappaflow_bench_has_the_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,5 @@
-"""``iot-models``: the IoT application's anomaly models compared on labelled series."""
+"""The IoT application's benchmarks: ``iot-models``, its anomaly models compared on
+labelled series; ``iot-ingest``, its ingestion paths' readings per second and response time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from kappaflow import services as svc
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import say, table
 
@@ -97,4 +99,103 @@ def iot_corpus(devices: int, days: float, seed: int, out_dir: Path) -> None:
     say(f"wrote {len(files)} series under {out_dir}")
 
 
-COMMANDS = (iot_models, iot_corpus)
+def _batches(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
+    try:
+        found = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of whole numbers") from None
+    # The gateway's largest batch (kappaflow.iot.gateway.MAX_BATCH).
+    if not found or any(not 1 <= b <= 5_000 for b in found):
+        raise click.BadParameter(f"{value!r}: each batch is 1 to 5,000 readings")
+    return found
+
+
+@click.command("iot-ingest")
+@click.option(
+    "--devices",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1, max=1_000),
+    help="devices sending at once, each its own connection",
+)
+@click.option(
+    "--batches",
+    default="1,50",
+    show_default=True,
+    callback=_batches,
+    help="readings per request (per burst of MQTT messages), comma-separated",
+)
+@click.option(
+    "--duration",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="seconds measured per path and batch",
+)
+@click.option(
+    "--warmup",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="seconds sent before each measurement",
+)
+@click.option(
+    "--mqtt-in-flight",
+    default=1_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="MQTT readings sent and not in Kafka yet beyond which devices wait (the broker "
+    "acknowledges before the bridge); at least DEVICES x batch",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results/iot-ingest",
+    show_default=True,
+    type=click.Path(path_type=Path),
+)
+@pass_context
+def iot_ingest(
+    ctx: Context,
+    devices: int,
+    batches: list[int],
+    duration: float,
+    warmup: float,
+    mqtt_in_flight: int,
+    out_dir: Path,
+) -> None:
+    """Readings per second and response time of the IoT application's ingestion paths
+    (the HTTP gateway; MQTT through the bridge) beside a direct Kafka producer (acks=all,
+    idempotent), measured in the same run: DEVICES devices, each sending a batch and
+    waiting for its acknowledgement, at each batch size. The gateway and the bridge run
+    as processes of their own, on the embedded services."""
+    from kappaflow_bench.iot_ingest import COLUMNS, rows, run
+
+    settings = ctx.settings
+    # The gateway's and the bridge's settings: this command's own.
+    flags = ["--state-dir", str(settings.state_dir.resolve())]
+    if ctx.config_file is not None:
+        flags += ["--config", str(ctx.config_file.resolve())]
+    if ctx.overrides.bootstrap_servers is not None:
+        flags += ["--bootstrap-servers", ctx.overrides.bootstrap_servers]
+    with svc.embedded_services(settings, say):
+        result = run(
+            settings,
+            flags,
+            devices=devices,
+            batches=batches,
+            warmup_s=warmup,
+            duration_s=duration,
+            mqtt_in_flight=mqtt_in_flight,
+            out_dir=out_dir,
+            say=say,
+        )
+    table(
+        f"IoT ingestion: {devices} devices, {duration:g} s per path and batch",
+        COLUMNS,
+        rows(result),
+    )
+    say(f"wrote {out_dir / 'result.json'} and {out_dir / 'summary.md'}")
+
+
+COMMANDS = (iot_models, iot_corpus, iot_ingest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ from kappaflow.cli.output import json_line, say
 from kappaflow.errors import CommandLineError
 from kappaflow.iot.registry import REGISTRY_TOPIC, fleet_tokens, register
 from kappaflow.iot.simulator import device_names
+from kappaflow.iot.telemetry import EVENTS_TOPIC, GATEWAY_DLQ_TOPIC, READINGS_TOPIC
 from kappaflow.timeutil import parse_duration
 
 DEFAULT_PORT = 8088
@@ -72,9 +74,21 @@ def register_command(
     show_default=True,
     help="how long a record may wait for Kafka before the answer is 503",
 )
+@click.option("--readings-topic", default=READINGS_TOPIC, show_default=True)
+@click.option("--events-topic", default=EVENTS_TOPIC, show_default=True)
+@click.option("--dlq-topic", default=GATEWAY_DLQ_TOPIC, show_default=True)
+@click.option("--registry-topic", default=REGISTRY_TOPIC, show_default=True)
 @pass_context
 def gateway_command(
-    ctx: Context, host: str, port: int, max_in_flight: int, delivery_timeout: str
+    ctx: Context,
+    host: str,
+    port: int,
+    max_in_flight: int,
+    delivery_timeout: str,
+    readings_topic: str,
+    events_topic: str,
+    dlq_topic: str,
+    registry_topic: str,
 ) -> None:
     """Run the HTTP gateway until Ctrl-C (or SIGTERM).
 
@@ -93,14 +107,24 @@ def gateway_command(
         raise CommandLineError("--delivery-timeout must be at least 1s")
     if port_in_use(host, port):
         raise CommandLineError(f"port {host}:{port} is already in use: choose another (--port)")
-    config = GatewayConfig(max_in_flight=max_in_flight, delivery_timeout_s=timeout_s)
-    gateway = Gateway(ctx.settings.kafka, Registry(ctx.settings.kafka), config)
-    say(f"gateway on http://{host}:{port} (Ctrl-C stops it)")
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gateway), host=host, port=port, log_level="warning")
+    config = GatewayConfig(
+        readings_topic=readings_topic,
+        events_topic=events_topic,
+        dlq_topic=dlq_topic,
+        max_in_flight=max_in_flight,
+        delivery_timeout_s=timeout_s,
     )
+    gateway = Gateway(ctx.settings.kafka, Registry(ctx.settings.kafka, registry_topic), config)
+    say(f"gateway on http://{host}:{port} (Ctrl-C stops it)")
+
+    def stopped() -> None:
+        # From the app's shutdown: uvicorn raises the stopping signal again after it.
+        json_line({"gateway": f"http://{host}:{port}", **gateway.stats()})
+        sys.stdout.flush()
+
+    app = create_app(gateway, on_stop=stopped)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server.run()
-    json_line({"gateway": f"http://{host}:{port}", **gateway.stats()})
 
 
 @click.command("demo")

@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,13 +47,13 @@ from kappaflow.errors import (
     UnknownDeviceError,
 )
 from kappaflow.iot.registry import Registry
-from kappaflow.iot.telemetry import EVENTS_TOPIC, READINGS_TOPIC
+from kappaflow.iot.telemetry import EVENTS_TOPIC, GATEWAY_DLQ_TOPIC, READINGS_TOPIC
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
 from kappaflow.settings import KafkaSettings
 from kappaflow.timeutil import iso
 
-DLQ_TOPIC = "gateway.dlq"
+DLQ_TOPIC = GATEWAY_DLQ_TOPIC
 #: Largest request body read: a batch of a few thousand readings.
 MAX_BODY_BYTES = 1 << 20
 #: Largest batch: one request must not take the whole in-flight budget.
@@ -326,11 +326,11 @@ class Gateway:
         rejected: list[dict[str, Any]] = []
         key = device.encode()
         for index, item in enumerate(items):
-            raw = json.dumps(item).encode()
             problem = self._check(item, schema, device)
+            # A good item with the device the path names, where the item did not name it.
+            raw = json.dumps(item).encode()
             if problem is None:
-                # With the device the path names, where the item did not name it.
-                records.append((topic, key, json.dumps(item).encode()))
+                records.append((topic, key, raw))
             else:
                 rejected.append({"index": index, "error": problem})
                 records.append((dlq, key, _dead_letter(problem, device, path, raw, index)))
@@ -363,8 +363,9 @@ class Gateway:
         }
 
 
-def create_app(gateway: Gateway) -> FastAPI:
-    """The gateway's HTTP API; the gateway starts and stops with the app."""
+def create_app(gateway: Gateway, on_stop: Callable[[], None] | None = None) -> FastAPI:
+    """The gateway's HTTP API; the gateway starts and stops with the app, and ``on_stop``
+    is called once it has stopped."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -373,6 +374,8 @@ def create_app(gateway: Gateway) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(gateway.stop)
+            if on_stop is not None:
+                on_stop()
 
     app = FastAPI(title="kappaflow gateway", lifespan=lifespan)
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 #: Where devices send readings and events.
 READINGS_TOPIC = "telemetry.raw"
 EVENTS_TOPIC = "devices.events"
+#: Where the HTTP gateway sends what it refuses.
+GATEWAY_DLQ_TOPIC = "gateway.dlq"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
-from kappaflow.iot import score, train
+from kappaflow.iot import app, score, train
 from kappaflow.iot.models import ALERT_SCORE, MODELS
 from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.topics import create_topic, describe_topic
@@ -85,6 +85,17 @@ def test_an_unknown_model_family_is_refused_with_its_code(spark: SparkSession) -
         assert exc.code == "KF616" and "'oracle'" in str(exc)
     else:
         raise AssertionError("the job started with an unknown model")
+
+
+def test_the_application_job_refuses_a_part_it_does_not_have(spark: SparkSession) -> None:
+    try:
+        kf.testing.run(
+            app.build, {"telemetry.raw": [[]]}, params={"parts": "clean,oracle"}, spark=spark
+        )
+    except kf.KappaflowError as exc:
+        assert exc.code == "KF616" and "parts oracle are not among clean, train" in str(exc)
+    else:
+        raise AssertionError("the job started with an unknown part")
 
 
 def _model_record(device: str, metric: str, values: list[float], version: int) -> dict[str, Any]:

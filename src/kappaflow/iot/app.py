@@ -8,9 +8,11 @@ one small machine five drivers cost five JVMs, so this job runs them as one::
 
 A part's parameters are the job's parameters prefixed with the part's name
 (``clean.source``, ``train.model``, ``score.models``, ``alerts.dest``,
-``devices.events``, ...). The outputs keep their names (``clean``, ``models``, ``scores``,
-``alerts``, ``status``, ``last_values``); served keys are under this job's name, and its
-dead letters go to one topic, ``JOB.dlq``.
+``devices.events``, ...). ``-P parts=clean,score,alerts`` declares those parts only: the
+others run as jobs of their own, or not at all (a scorer keeps scoring with the last
+parameters it has while the trainer is stopped). The outputs keep their names
+(``clean``, ``models``, ``scores``, ``alerts``, ``status``, ``last_values``); served keys
+are under this job's name, and its dead letters go to one topic, ``JOB.dlq``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import kappaflow as kf
+from kappaflow.errors import InvalidParameterError
 from kappaflow.iot import alerts, clean, devices, score, train
 
 #: The parts, in the order their streams are declared.
@@ -46,5 +49,13 @@ class _Part:
 
 
 def build(job: kf.Job) -> None:
+    chosen = [p.strip() for p in job.param("parts", ",".join(PARTS)).split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown or not chosen:
+        raise InvalidParameterError(
+            f"job {job.name!r}: parts {', '.join(unknown) or '(none)'} are not among "
+            f"{', '.join(PARTS)}"
+        )
     for part, build_part in PARTS.items():
-        build_part(cast(kf.Job, _Part(job, part)))
+        if part in chosen:
+            build_part(cast(kf.Job, _Part(job, part)))

@@ -440,3 +440,29 @@ def test_outputs_publishing_side_by_side_take_turns_in_the_job_transactions(
             query.stop()
     assert sorted(v["n"] for v in topic_values(serving, every)) == list(range(24_000))
     assert sorted(v["n"] for v in topic_values(serving, even)) == list(range(0, 24_000, 2))
+
+
+def test_a_query_that_fails_as_a_late_python_worker_does_is_restarted(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str, tmp_path: Path
+) -> None:
+    source, dest = new_topic(), f"{job_name}-out"
+    marker = tmp_path / "failed-once"
+    reference = "jobs_under_test:fails_once_as_if_a_worker_missed_its_start"
+    params = ["-P", f"source={source}", "-P", f"dest={dest}", "-P", f"marker={marker}"]
+    started = cli("jobs", "start", job_name, "--app", reference, *params, env={"PYTHONPATH": PATH})
+    assert started.code == 0, started.err
+    try:
+        ticks = [{"n": n, "at": 1_764_151_200_000 + n} for n in range(20)]
+        send_json(serving, source, ticks, key="n")
+        passed = wait_job(
+            serving,
+            job_name,
+            lambda: found if len(found := topic_values(serving, dest)) >= 20 else None,
+            what="every tick passed after the restart",
+        )
+        log = "\n".join(JobManager(serving).log_lines(job_name, 400))
+    finally:
+        stop_if_running(serving, job_name)
+    assert marker.read_text() == "failed once"
+    assert "restarting its queries from their checkpoints (1 of 3)" in log
+    assert sorted(v["n"] for v in passed) == list(range(20))

@@ -41,9 +41,9 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
         "iot",
         "demo",
         "--devices",
-        "20",
+        "12",
         "--rate",
-        "100",
+        "60",
         "--duration",
         "150s",
         "--port",
@@ -53,9 +53,9 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
     assert result.code == 0, result.err[-3000:]
     summary = json.loads(result.lines()[-1])
     for path in ("http", "mqtt"):
-        assert summary[path]["acknowledged"] > 2_000, summary
+        assert summary[path]["acknowledged"] > 1_000, summary
         assert summary[path]["lost"] == 0, summary
-    assert summary["online"] >= 15, summary
+    assert summary["online"] >= 8, summary
     assert summary["models"] > 0 and summary["model_version"] >= 1, summary
     # The panel was drawn, with its figures.
     assert "devices online" in result.err and "latest model version" in result.err

@@ -6,7 +6,9 @@ jobs' drivers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import kappaflow as kf
 from revenue import Order
@@ -45,3 +47,34 @@ class Untyped:
 
 def schema_does_not_compile(job: kf.Job) -> None:
     job.source("orders", Untyped).to(kf.topic("out"))
+
+
+@dataclass
+class Tick:
+    n: int
+    at: kf.EventTime
+
+
+@dataclass
+class Passed:
+    count: int = 0
+
+
+def fails_once_as_if_a_worker_missed_its_start(job: kf.Job) -> None:
+    """Passes ticks on; its function's first call fails as Spark does when a Python
+    process it started does not connect back in time, and writes ``marker`` so that the
+    next call passes."""
+    marker = Path(job.param("marker"))
+
+    @kf.stateful(state=Passed, output=Tick)
+    def passing(
+        key: tuple[object, ...], events: list[Tick], ctx: kf.StateContext[Passed]
+    ) -> Iterator[Tick]:
+        if not marker.exists():
+            marker.write_text("failed once")
+            raise RuntimeError("Python worker failed to connect back.")
+        ctx.state.count += len(events)
+        yield from events
+
+    ticks = job.source(job.param("source"), Tick, key="n", time="at")
+    ticks.process(passing, by="n", name="passed").to(kf.topic(job.param("dest")))

@@ -39,6 +39,13 @@ POLL_S = 0.5
 PART_START_TIMEOUT_S = 150.0
 #: How long a part may take to stop its queries when the job stops.
 PART_STOP_TIMEOUT_S = 30.0
+#: Failures a job's queries restart from their checkpoints after, rather than fail the
+#: job: Spark gives a Python process it starts ten seconds, fixed, to connect back, which
+#: several starting at once on a busy machine can miss. A restart runs the batch again,
+#: and the sinks' commits make that change nothing.
+TRANSIENT = ("Python worker failed to connect back",)
+MAX_RESTARTS = 3
+RESTART_PAUSE_S = 5.0
 
 
 def main(argv: list[str]) -> int:
@@ -101,7 +108,23 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     record.state = JobState.RUNNING
     record.save(record_path)
     print(f"job {record.name} running: {len(queries)} queries, parts {parts.names}", flush=True)
-    state, error = _watch(queries, stop, home / "progress.json", parts.failure)
+    restarts = 0
+    while True:
+        state, error = _watch(queries, stop, home / "progress.json", parts.failure)
+        if state is not JobState.FAILED or restarts >= MAX_RESTARTS or not _transient(queries):
+            break
+        restarts += 1
+        print(
+            f"job {record.name}: {error}: restarting its queries from their checkpoints "
+            f"({restarts} of {MAX_RESTARTS})",
+            flush=True,
+        )
+        for query in queries:
+            query.stop()
+        if stop.wait(RESTART_PAUSE_S):
+            state, error = JobState.STOPPED, None
+            break
+        queries = pipeline.start(ctx)
     parts.stop(timeout=PART_STOP_TIMEOUT_S)
     for query in queries:
         query.stop()
@@ -109,6 +132,12 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     if state is JobState.STOPPED:
         spark.stop()
     return 1 if state is JobState.FAILED else 0
+
+
+def _transient(queries: list[Any]) -> bool:
+    """Whether every failed query failed for a reason a restart cures."""
+    failed = [str(q.exception()) for q in queries if not q.isActive and q.exception()]
+    return bool(failed) and all(any(t in text for t in TRANSIENT) for text in failed)
 
 
 def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -> int:

@@ -12,6 +12,7 @@ COMMANDS = (
     "count-scale",
     "api",
     "iot-ingest",
+    "iot-latency",
     "ysb",
     "ysb-sweep",
     "ysb-generator",

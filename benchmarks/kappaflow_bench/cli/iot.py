@@ -1,5 +1,6 @@
 """The IoT application's benchmarks: ``iot-models``, its anomaly models compared on
-labelled series; ``iot-ingest``, its ingestion paths' readings per second and response time."""
+labelled series; ``iot-ingest``, its ingestion paths' readings per second and response
+time; ``iot-latency``, the whole application's sustained rate and end-to-end latency."""
 
 from __future__ import annotations
 
@@ -198,4 +199,99 @@ def iot_ingest(
     say(f"wrote {out_dir / 'result.json'} and {out_dir / 'summary.md'}")
 
 
-COMMANDS = (iot_models, iot_corpus, iot_ingest)
+def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> list[float]:
+    try:
+        found = [float(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of numbers") from None
+    if not found or any(r <= 0 for r in found):
+        raise click.BadParameter(f"{value!r}: each rate is a positive number of readings/s")
+    return found
+
+
+@click.command("iot-latency")
+@click.option(
+    "--devices",
+    default=200,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="simulated devices; each sends its six metrics in turn",
+)
+@click.option(
+    "--rates",
+    default="250",
+    show_default=True,
+    callback=_rates,
+    help="readings per second of the whole fleet, comma-separated: one window each, "
+    "lowest first (a rate the machine does not sustain leaves a backlog to the next)",
+)
+@click.option(
+    "--duration",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=5.0),
+    help="seconds measured per window",
+)
+@click.option(
+    "--warmup",
+    default=90.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="seconds sent before the first window (the models need ~30 readings a series)",
+)
+@click.option(
+    "--settle",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="seconds sent after the trainer stops or the rate changes, before a window",
+)
+@click.option("--seed", default=11, show_default=True, type=int)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results/iot-latency",
+    show_default=True,
+    type=click.Path(path_type=Path),
+)
+@pass_context
+def iot_latency(
+    ctx: Context,
+    devices: int,
+    rates: list[float],
+    duration: float,
+    warmup: float,
+    settle: float,
+    seed: int,
+    out_dir: Path,
+) -> None:
+    """The IoT application's sustained readings per second and end-to-end latency on
+    this machine: the simulator's fleet sent straight to Kafka at each rate, through
+    cleaning, scoring and alerting (one job) with the trainer as a job of its own; each
+    rate measured with the trainer running, then again with it stopped. Latency is from
+    a reading's event time to its score in `scores` and to its alert in `alerts`."""
+    from kappaflow_bench.iot_latency import COLUMNS, rows
+    from kappaflow_bench.iot_latency_run import run
+
+    with svc.embedded_services(ctx.settings, say):
+        result = run(
+            ctx.settings,
+            ctx.overrides,
+            ctx.config_file,
+            devices=devices,
+            rates=rates,
+            warmup_s=warmup,
+            settle_s=settle,
+            duration_s=duration,
+            seed=seed,
+            out_dir=out_dir,
+            say=say,
+        )
+    table(f"IoT application: {devices} devices, {duration:g} s a window", COLUMNS, rows(result))
+    for ratio in result.ratios:
+        shown = ", ".join(f"{k} {v}" for k, v in ratio.items() if k != "rate" and v is not None)
+        say(f"trainer stopped / running at {ratio['rate']:,.0f}/s: {shown}")
+    say(f"wrote {out_dir / 'result.json'}, {out_dir / 'summary.md'}, {out_dir / 'timeline.csv'}")
+
+
+COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency)

@@ -229,7 +229,8 @@ def test_kafka_down_is_503_and_no_acknowledged_reading_is_lost(tmp_path: Path) -
                 down = httpx.get(f"{gw.url}/v1/health")
                 broker.start()
                 before = len(acknowledged)
-                wait_for(lambda: len(acknowledged) > before + 100 or None, timeout=120, what="back")
+                # The broker's return on a busy machine: its log recovery, then metadata.
+                wait_for(lambda: len(acknowledged) > before + 100 or None, timeout=300, what="back")
             finally:
                 stop.set()
                 sender.join(timeout=120)

@@ -122,12 +122,19 @@ def test_readings_are_scored_with_their_metrics_model_and_bad_models_go_to_dead_
         _model_record("d1", "cpu_temp", history, 1),
         "not json at all",
         {"device": "d1", "metric": "fan_rpm", "model": "forecast"},  # fields missing
+        # Records that parse, with parameters a scorer cannot use.
+        {**_model_record("d2", "cpu_temp", history, 1), "params": "{not json"},
+        {**_model_record("d3", "cpu_temp", history, 1), "model": "robust"},
+        _model_record("d4", "cpu_temp", history, 1) | {"params": json.dumps({"model": "forecast"})},
+        _with_params(_model_record("d5", "cpu_temp", history, 1), coef=[1.0, 2.0]),
+        _with_params(_model_record("d6", "cpu_temp", history, 1), model="arima"),
     ]
     later = noise(40, 4)
     later[30] += 8.0  # sixteen noise deviations: a spike
     batches = [
         readings("d1", "cpu_temp", later[:20], first=300)
-        + readings("d9", "cpu_temp", [40.0, 41.0], first=300),
+        + readings("d9", "cpu_temp", [40.0, 41.0], first=300)
+        + readings("d5", "cpu_temp", [40.0, 41.0], first=300),
         readings("d1", "cpu_temp", later[20:], first=320),
     ]
     result = kf.testing.run(
@@ -142,10 +149,24 @@ def test_readings_are_scored_with_their_metrics_model_and_bad_models_go_to_dead_
     strangers = [s for s in scores if s["device"] == "d9"]
     assert [(s["score"], s["model"]) for s in strangers] == [(0.0, None), (0.0, None)]
     assert all(math.isfinite(s["score"]) for s in scores)
-    reasons = [d["error"] for d in result.dead_letters]
-    assert len(reasons) == 2, reasons
+    reasons = sorted(d["error"] for d in result.dead_letters)
+    assert len(reasons) == 7, reasons
     assert any(d["value"] == b"not json at all" for d in result.dead_letters)
     assert all(d["source_topic"] == "models" for d in result.dead_letters)
+    assert {
+        "params are not JSON text",
+        "params are of another model family than the record",
+        "params: $.version is not bigint",
+        "params: $.coef does not hold 8 values",
+        "params name no model family known here",
+    } <= set(reasons)
+    # A device whose model was refused is scored as having none.
+    refused = [(s["score"], s["model"]) for s in scores if s["device"] == "d5"]
+    assert refused == [(0.0, None), (0.0, None)]
+
+
+def _with_params(record: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return record | {"params": json.dumps(json.loads(record["params"]) | changes)}
 
 
 def test_training_and_scoring_on_the_broker_go_on_scoring_when_the_trainer_stops(

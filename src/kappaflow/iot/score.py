@@ -31,9 +31,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
 import kappaflow as kf
 from kappaflow.iot.clean import CLEAN_TOPIC, CleanReading
 from kappaflow.iot.models import MODELS, Params, Scorer
+from kappaflow.iot.models.base import LENGTHS, SHAPE
 from kappaflow.iot.train import (
     FORGET_AFTER,
     MODELS_TOPIC,
@@ -129,6 +133,31 @@ def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunct
     return score
 
 
+def params_problem() -> Column:
+    """What is wrong with a ``models`` record's ``params``, in words, or null: JSON text
+    that does not parse, a family other than the record's or one this version does not
+    know, a parameter missing or not of its family's type or length."""
+    params = F.try_parse_json(F.col("params"))
+    family = F.try_variant_get(params, "$.model", "string")
+    problem = (
+        F.when(params.isNull(), F.lit("params are not JSON text"))
+        .when(~family.isin(*MODELS), F.lit("params name no model family known here"))
+        .when(family != F.col("model"), F.lit("params are of another model family than the record"))
+    )
+    for name, model in MODELS.items():
+        ours = F.col("model") == F.lit(name)
+        lengths = {**LENGTHS, **model.lengths}
+        for path, kind in {**SHAPE, **model.shape}.items():
+            value = F.try_variant_get(params, path, kind)
+            problem = problem.when(ours & value.isNull(), F.lit(f"params: {path} is not {kind}"))
+            if path in lengths:
+                problem = problem.when(
+                    ours & (F.size(value) != lengths[path]),
+                    F.lit(f"params: {path} does not hold {lengths[path]} values"),
+                )
+    return problem
+
+
 def build(job: kf.Job) -> None:
     readings = job.source(
         job.param("source", CLEAN_TOPIC),
@@ -137,7 +166,9 @@ def build(job: kf.Job) -> None:
         time="time",
         watermark="1m",
     )
-    models = job.table(job.param("models", MODELS_TOPIC), ModelUpdate, key=["device", "metric"])
+    models = job.table(
+        job.param("models", MODELS_TOPIC), ModelUpdate, key=["device", "metric"]
+    ).reject(params_problem().isNotNull(), params_problem())
     modelled = readings.join(models, on=["device", "metric"], how="left").select(
         "device", "metric", "value", "time", "id", "model", "version", "params"
     )

@@ -39,7 +39,7 @@ from kappaflow.errors import (
     StateAfterStreamJoinError,
 )
 from kappaflow.streams.parsing import parse_records
-from kappaflow.streams.schema import compile_schema
+from kappaflow.streams.schema import RecordSchema, compile_schema
 from kappaflow.streams.windowing import key_json
 
 if TYPE_CHECKING:
@@ -89,6 +89,8 @@ class Reference:
         *,
         source: Source | None = None,
         parsed: DataFrame | None = None,
+        records: DataFrame | None = None,
+        picked: tuple[str | Column, ...] | None = None,
     ) -> None:
         self.name = name
         self.keys = keys
@@ -99,6 +101,11 @@ class Reference:
         #: The topic's records as a stream with their verdicts (runtime.py sends the ones
         #: that do not parse to the dead-letter topic).
         self.parsed = parsed
+        #: A Kafka table's latest record per Kafka key with its verdict, bounded: what the
+        #: table's rows are picked from (None: from Parquet).
+        self._records = records
+        #: The columns ``select`` kept, to pick them again after a ``reject``.
+        self._picked = picked
 
     @property
     def columns(self) -> list[str]:
@@ -107,9 +114,48 @@ class Reference:
     def select(self, *columns: str | Column) -> Reference:
         """Only these columns (the key columns are kept): to rename or drop a column
         that would clash with the stream's, e.g. ``F.col("price").alias("list_price")``."""
-        extra = [c for c in columns if not (isinstance(c, str) and c in self.keys)]
+        extra = tuple(c for c in columns if not (isinstance(c, str) and c in self.keys))
         picked = self.frame.select(*self.keys, *extra)
-        return Reference(self.name, self.keys, picked, source=self.source, parsed=self.parsed)
+        return Reference(
+            self.name,
+            self.keys,
+            picked,
+            source=self.source,
+            parsed=self.parsed,
+            records=self._records,
+            picked=(*self.keys, *extra),
+        )
+
+    def reject(self, condition: Column | str, reason: str | Column) -> Reference:
+        """The table without the records for which ``condition`` holds: those go to the
+        job's dead-letter topic with ``reason`` (a text, or a column that words it per
+        record) and their original bytes, as records that do not parse do, and leave
+        their key out of the table. For a rule the schema cannot say: a field that holds
+        JSON text of some shape, a value out of range."""
+        if self.source is None or self.parsed is None or self._records is None:
+            raise JoinSpecError(
+                f"table {self.name!r} is read from Parquet: filter it before, "
+                "only a Kafka table's records can go to the dead-letter topic"
+            )
+        rule = F.expr(condition) if isinstance(condition, str) else condition
+        why = F.lit(reason) if isinstance(reason, str) else reason
+        refused = F.col("_kf_reason").isNull() & F.coalesce(rule, F.lit(False))
+        verdict = F.when(refused, F.coalesce(why, F.lit("refused by a rule of the job"))).otherwise(
+            F.col("_kf_reason")
+        )
+        records = self._records.withColumn("_kf_reason", verdict)
+        frame = _rows(records, self.keys, self.source.schema)
+        if self._picked is not None:
+            frame = frame.select(*self._picked)
+        return Reference(
+            self.name,
+            self.keys,
+            frame,
+            source=self.source,
+            parsed=self.parsed.withColumn("_kf_reason", verdict),
+            records=records,
+            picked=self._picked,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -137,12 +183,17 @@ def kafka_table(job: Job, topic: str, schema: type, keys: tuple[str, ...]) -> Re
     rows = _latest(raw.where(F.col("key").isNotNull()), ["key"], ["partition", "offset"])
     present = rows.unionByName(raw.where(F.col("key").isNull())).where(F.col("value").isNotNull())
     parsed = parse_records(present, record, time=None, keys=keys)
-    fields = [f.name for f in record.fields]
-    good = parsed.where(F.col("_kf_reason").isNull())
-    table = _latest(good, list(keys), ["_kf_partition", "_kf_offset"]).select(*fields)
     stream = job._reader.stream(job.spark, topic, "earliest")
     verdicts = parse_records(stream.where(F.col("value").isNotNull()), record, time=None, keys=keys)
-    return Reference(topic, keys, table, source=source, parsed=verdicts)
+    table = _rows(parsed, keys, record)
+    return Reference(topic, keys, table, source=source, parsed=verdicts, records=parsed)
+
+
+def _rows(records: DataFrame, keys: tuple[str, ...], record: RecordSchema) -> DataFrame:
+    """A table's rows: the latest good record per value of ``keys``."""
+    good = records.where(F.col("_kf_reason").isNull())
+    fields = [f.name for f in record.fields]
+    return _latest(good, list(keys), ["_kf_partition", "_kf_offset"]).select(*fields)
 
 
 def lake_table(job: Job, path: str, keys: tuple[str, ...]) -> Reference:

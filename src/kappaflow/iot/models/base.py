@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Published parameters: JSON-ready, with ``model``, ``version``, ``n`` (readings learnt),
@@ -108,3 +108,19 @@ class Model:
     #: What the scorer remembers of a reading for the next ones' ``raw`` (by default the
     #: reading itself; a forecaster remembers an outlier clipped, as its trainer does).
     remember: Callable[[Params, Sequence[float], float], float] = lambda _p, _h, value: value
+    #: The model's own parameters as Spark SQL types by JSON path (``$.coef``:
+    #: ``array<double>``), and the lengths of its arrays that are fixed: what a scorer
+    #: checks of parameters it reads before it scores with them.
+    shape: Mapping[str, str] = field(default_factory=dict)
+    lengths: Mapping[str, int] = field(default_factory=dict)
+
+
+#: Every family's parameters have these beside their own (``Trainer.params``).
+SHAPE: Mapping[str, str] = {
+    "$.model": "string",
+    "$.version": "bigint",
+    "$.n": "bigint",
+    "$.surprise": "array<double>",
+    "$.repeats": "double",
+}
+LENGTHS: Mapping[str, int] = {"$.surprise": 2}

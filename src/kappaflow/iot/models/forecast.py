@@ -140,4 +140,11 @@ FORECAST = Model(
     history=LAGS,
     remember=_remember,
     summary=f"forecast error of an AR({LAGS}) model fitted by recursive least squares",
+    shape={
+        "$.centre": "double",
+        "$.scale": "double",
+        "$.error_spread": "double",
+        "$.coef": "array<double>",
+    },
+    lengths={"$.coef": LAGS},
 )

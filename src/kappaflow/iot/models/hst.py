@@ -121,4 +121,10 @@ HST = Model(
     raw=_raw,
     history=1,
     summary="river's half-space trees over the level and change in robust spreads",
+    shape={
+        "$.level": "double",
+        "$.spread": "double",
+        "$.windows": "bigint",
+        "$.masses": "array<array<double>>",
+    },
 )

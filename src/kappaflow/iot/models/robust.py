@@ -64,4 +64,5 @@ ROBUST = Model(
     raw=_raw,
     history=0,
     summary="distance from a robust level, in robust spreads",
+    shape={"$.level": "double", "$.spread": "double"},
 )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -25,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.topics import create_topic
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parent
@@ -58,13 +58,6 @@ def is_loopback(ip: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback  # a Java socket on ::ffff:127.0.0.1
     return address.is_loopback
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

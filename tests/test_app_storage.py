@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RunCli, error_line, free_port
+from conftest import RunCli, error_line
 from hdfs_cluster import mini_hdfs
 from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
@@ -18,6 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.topics import list_topics
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
 from kappaflow.streams.lake_fs import HadoopFs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import error_line, executable, free_port, run_kappaflow
+from conftest import error_line, executable, run_kappaflow
 
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 
 

@@ -16,20 +16,13 @@ from typing import Any, cast
 
 import click
 import pytest
-from conftest import (
-    REPO,
-    Result,
-    RunCli,
-    error_line,
-    executable,
-    free_port,
-    run_kappaflow,
-)
+from conftest import REPO, Result, RunCli, error_line, executable, run_kappaflow
 
 import kappaflow.cli
 from kappaflow import errors
 from kappaflow.errors import KappaflowError
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings, load_settings
 
 TESTS = Path(__file__).resolve().parent

@@ -17,12 +17,13 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from conftest import EXTERNAL_KAFKA, RunCli, error_line, free_port, make_settings
+from conftest import EXTERNAL_KAFKA, RunCli, error_line, make_settings
 from live_jobs import topic_values
 
 from kappaflow.iot.gateway import Gateway, GatewayConfig, create_app
 from kappaflow.iot.registry import Registry, load_tokens, register
 from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 

@@ -26,15 +26,7 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from conftest import (
-    EXTERNAL_KAFKA,
-    Result,
-    RunCli,
-    error_line,
-    free_port,
-    make_settings,
-    settings_env,
-)
+from conftest import EXTERNAL_KAFKA, Result, RunCli, error_line, make_settings, settings_env
 from paho.mqtt.enums import CallbackAPIVersion
 
 import kappaflow.cli
@@ -46,6 +38,7 @@ from kappaflow.kafka.topics import topic_partitions
 from kappaflow.mqtt import broker as mqtt_broker
 from kappaflow.mqtt.bridge import MqttBridge, device_level
 from kappaflow.mqtt.broker import EmbeddedMqtt, amqtt_installed, find_mosquitto
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 

@@ -16,7 +16,6 @@ from conftest import (
     JARS,
     Result,
     error_line,
-    free_port,
     is_loopback,
     make_settings,
     run_kappaflow,
@@ -25,7 +24,7 @@ from conftest import (
 from kappaflow import __version__, services
 from kappaflow.counting.spec import CountSpec
 from kappaflow.jobs.manager import JobManager, JobRecord
-from kappaflow.procs import ProcState
+from kappaflow.procs import ProcState, free_port
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
 from kappaflow.streams.backends import BatchAccount, RedisStore

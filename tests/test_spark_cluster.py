@@ -16,10 +16,11 @@ from typing import Any
 import pyspark
 import pytest
 from confluent_kafka import Producer
-from conftest import RunCli, free_port, start_clean_job
+from conftest import RunCli, start_clean_job
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
 from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.waiting import wait_for

@@ -37,7 +37,6 @@ import functools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -72,6 +71,7 @@ from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic, list_topics
 from kappaflow.mqtt.broker import MAX_INFLIGHT, EmbeddedMqtt
+from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 from kappaflow_bench.report import machine, percentile, write_json
@@ -610,7 +610,7 @@ class IngestBench:
         }
         self.mqtt_prefix = f"bench-ingest-{run_id}"
         self.bridge_id = f"kappaflow-bench-bridge-{run_id}"
-        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.url = f"http://127.0.0.1:{free_port()}"
         self.tokens: dict[str, str] = {}
         self.mqtt_devices: list[_MqttDevice] = []
         self.processes: dict[str, psutil.Process] = {}
@@ -766,12 +766,6 @@ def run(
     write_json(out_dir / "result.json", result)
     (out_dir / "summary.md").write_text(summary(result))
     return result
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_ready(gateway: Service, bridge: Service, url: str) -> None:

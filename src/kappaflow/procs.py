@@ -185,6 +185,15 @@ def port_in_use(host: str, port: int) -> bool:
         return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (the system's pick)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def tail(path: Path, lines: int) -> list[str]:
     """The last ``lines`` lines of a text file (empty if it does not exist)."""
     try:

@@ -44,7 +44,7 @@ from kappaflow.kafka.topics import (
     list_topics,
 )
 from kappaflow.mqtt.bridge import MqttBridge
-from kappaflow.procs import port_in_use
+from kappaflow.procs import free_port, port_in_use
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.streams.backends import read_latest
@@ -161,7 +161,7 @@ def run_iot_demo(
     say = console.print
     jobs = JobManager(settings)
     if port == 0 or port_in_use("127.0.0.1", port):
-        port = _free_port()
+        port = free_port()
     with services.embedded_services(settings, say):
         tokens, _new = fleet_tokens(
             settings.state_dir / "iot" / "tokens.json", device_names(devices)
@@ -187,14 +187,6 @@ def run_iot_demo(
                 _in_thread(lambda stop: _follow_models(settings, models, stop), "models")
             )
             return _stream(settings, jobs, console, url, tokens, models, devices, rate, duration_s)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _fresh(settings: Settings, jobs: JobManager) -> None:

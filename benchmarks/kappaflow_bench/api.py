@@ -49,7 +49,7 @@ VARIANTS: dict[str, tuple[str, str] | None] = {
     "api-aggregates": ("kappaflow_bench.jobs.aggregates:build", "figures"),
 }
 #: A driver log's line per finished batch (jobs/runner.py ``_log_batches``).
-_PROGRESS = re.compile(r"^progress \S+ batch (\d+): (\d+) rows; ms ?(.*)$")
+_PROGRESS = re.compile(r"^progress \S+ batch (\d+): (\d+) rows; ms ?([^;]*)")
 #: The batch writers' own lines: the count job's (counting/sink.py), an output's
 #: (streams/writer.py).
 _WRITER = re.compile(r"^(output \S+ )?batch \d+: ")

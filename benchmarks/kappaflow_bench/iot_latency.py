@@ -51,7 +51,7 @@ from kappaflow_bench.report import percentile
 
 PHASES = ("trainer running", "trainer stopped")
 #: A finished micro-batch, as a job's driver logs it (``kappaflow.jobs.runner``).
-_PROGRESS = re.compile(r"^progress (\S+) batch (\d+): (\d+) rows; ms ?(.*)$")
+_PROGRESS = re.compile(r"^progress (\S+) batch (\d+): (\d+) rows; ms ?([^;]*)")
 #: Alerts raised by a timer (no reading for a while) come when the watermark passes,
 #: a minute behind the newest reading: not a reading's latency, counted apart.
 TIMER_RULES = ("no_data",)

@@ -139,6 +139,13 @@ class SparkSettings(_Section):
         ge=1,
         description="spark.sql.shuffle.partitions (default: this machine's cores)",
     )
+    # A query with nothing to read asks Kafka for new offsets at every trigger: at 0 it
+    # does so every 10 ms, which on a small machine costs the running queries their CPU.
+    trigger_interval_ms: int = Field(
+        default=250,
+        ge=0,
+        description="least time between a job's micro-batch starts (0: back to back)",
+    )
     ui: bool = Field(default=False, description="start the Spark web UI")
     conf: dict[str, str] = Field(default_factory=dict, description="any further spark.* options")
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import uvicorn
 from confluent_kafka import TopicPartition
 from rich.console import Console, Group
@@ -132,7 +131,7 @@ def _in_thread(target: Callable[[threading.Event], Any], name: str) -> Iterator[
 
 
 @contextlib.contextmanager
-def _gateway(settings: Settings, port: int) -> Iterator[str]:
+def _gateway(settings: Settings, port: int) -> Iterator[Gateway]:
     config = GatewayConfig(readings_topic=RAW, events_topic=EVENTS, dlq_topic=DLQ)
     gateway = Gateway(settings.kafka, Registry(settings.kafka, REGISTRY), config)
     server = uvicorn.Server(
@@ -142,7 +141,7 @@ def _gateway(settings: Settings, port: int) -> Iterator[str]:
     thread.start()
     wait_for(lambda: server.started or None, timeout=120, what="the gateway")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield gateway
     finally:
         server.should_exit = True
         thread.join(timeout=60)
@@ -170,7 +169,8 @@ def run_iot_demo(
         register(settings.kafka, tokens, topic=REGISTRY)
         say(f"{devices} devices registered")
         with contextlib.ExitStack() as stack:
-            url = stack.enter_context(_gateway(settings, port))
+            gateway = stack.enter_context(_gateway(settings, port))
+            url = f"http://127.0.0.1:{port}"
             say(f"gateway on {url}")
             for topic, kafka_topic, client in (
                 ("devices/+/telemetry", RAW, "kappaflow-demo-telemetry"),
@@ -186,7 +186,9 @@ def run_iot_demo(
             stack.enter_context(
                 _in_thread(lambda stop: _follow_models(settings, models, stop), "models")
             )
-            return _stream(settings, jobs, console, url, tokens, models, devices, rate, duration_s)
+            return _stream(
+                settings, jobs, console, url, gateway, tokens, models, devices, rate, duration_s
+            )
 
 
 def _fresh(settings: Settings, jobs: JobManager) -> None:
@@ -256,6 +258,7 @@ def _stream(
     jobs: JobManager,
     console: Console,
     url: str,
+    gateway: Gateway,
     tokens: dict[str, str],
     models: Models,
     devices: int,
@@ -286,7 +289,7 @@ def _stream(
         with Live(console=console, refresh_per_second=1) as live:
             while sender.is_alive():
                 _check_running(jobs)
-                seen = _look(store, url)
+                seen = _look(store, gateway)
                 sent = http.sent.acknowledged + mqtt.sent.acknowledged
                 rates.append((time.monotonic(), sent))
                 rates[:] = [r for r in rates if r[0] >= time.monotonic() - 10]
@@ -308,18 +311,17 @@ def _stream(
     }
 
 
-def _look(store: Any, url: str) -> dict[str, Any]:
+def _look(store: Any, gateway: Gateway) -> dict[str, Any]:
     with contextlib.suppress(Exception):
         status = read_latest(store, JOB, "status")
         alerts = read_latest(store, JOB, "alerts")
         opened = [a for a in alerts.values() if a.get("open")]
         opened.sort(key=lambda a: str(a.get("time")), reverse=True)
-        gateway = httpx.get(f"{url}/v1/health", timeout=2).json()
         return {
             "online": sum(1 for s in status.values() if s.get("status") == "online"),
             "known": len(status),
             "alerts": opened,
-            "gateway": gateway.get("counts", {}),
+            "gateway": gateway.stats()["counts"],
         }
     return {}
 

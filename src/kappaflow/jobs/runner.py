@@ -193,9 +193,11 @@ def _watch(
     last_written = ""
     logged: dict[str, int] = {}
     while not stop.wait(POLL_S):
-        _log_batches(queries, logged)
+        # One progress a query a poll: each is the JVM's JSON of it, parsed here.
+        last = {q.name or q.id: (q, q.lastProgress) for q in queries}
+        _log_batches(last, logged)
         snapshot = json.dumps(
-            {q.name or q.id: q.lastProgress for q in queries if q.lastProgress}, default=str
+            {name: p for name, (_q, p) in last.items() if p is not None}, default=str
         )
         if snapshot != last_written:
             write_atomically(progress_path, snapshot)
@@ -211,22 +213,30 @@ def _watch(
     return JobState.STOPPED, None
 
 
-def _log_batches(queries: list[Any], logged: dict[str, int]) -> None:
-    """One driver.log line per finished batch of each query: where its time went."""
-    for query in queries:
-        name = query.name or query.id
-        for progress in query.recentProgress:
-            batch = progress.batchId
-            if batch <= logged.get(name, -1):
-                continue
-            logged[name] = batch
-            durations = " ".join(
-                f"{step}={ms}" for step, ms in sorted(progress.durationMs.items()) if ms
-            )
-            print(
-                f"progress {name} batch {batch}: {progress.numInputRows} rows; ms {durations}",
-                flush=True,
-            )
+def _log_batches(last: dict[str, tuple[Any, Any]], logged: dict[str, int]) -> None:
+    """One driver.log line per finished batch of each query: where its time went. A
+    query's recent progress is read only when more than its last batch is new."""
+    for name, (query, progress) in last.items():
+        if progress is None or progress.batchId <= logged.get(name, -1):
+            continue
+        done = [progress]
+        if progress.batchId > logged.get(name, -1) + 1:
+            done = query.recentProgress
+        for each in done:
+            if each.batchId > logged.get(name, -1):
+                logged[name] = each.batchId
+                print(_batch_line(name, each), flush=True)
+
+
+def _batch_line(name: str, progress: Any) -> str:
+    durations = " ".join(f"{step}={ms}" for step, ms in sorted(progress.durationMs.items()) if ms)
+    operators = "".join(
+        f"; {op.operatorName} {op.numRowsTotal} keys, updates {op.allUpdatesTimeMs} ms,"
+        f" commit {op.commitTimeMs} ms"
+        for op in progress.stateOperators
+    )
+    rows = progress.numInputRows
+    return f"progress {name} batch {progress.batchId}: {rows} rows; ms {durations}{operators}"
 
 
 def _first_line(exc: BaseException) -> str:

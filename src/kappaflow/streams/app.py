@@ -90,6 +90,7 @@ def start_app(
         checkpoint_root=checkpoint_root,
         lake_root=settings.lake_root,
         status_dir=settings.jobs_dir.resolve() / ctx.name / "outputs",
+        trigger_ms=settings.spark.trigger_interval_ms,
     )
     record_plan(job, fs)
     return start_outputs(job, reader, backends, on_step=on_step, available_now=available_now)

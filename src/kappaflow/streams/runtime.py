@@ -77,6 +77,8 @@ class Backends:
     lake_root: str
     #: Where each output's status file goes (``<jobs>/JOB/outputs``), if anywhere.
     status_dir: Path | None = None
+    #: The least time between two micro-batch starts of a query (0: back to back).
+    trigger_ms: int = 0
 
 
 def declare(
@@ -182,7 +184,7 @@ def _start(
     stream = (
         stream.trigger(availableNow=True)
         if available_now
-        else stream.trigger(processingTime="0 seconds")
+        else stream.trigger(processingTime=f"{backends.trigger_ms} milliseconds")
     )
     return stream.start()
 

@@ -3,7 +3,7 @@ services."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import click
 
@@ -120,78 +120,66 @@ def kafka_logs(ctx: Context, lines: int) -> None:
         click.echo(line)
 
 
-@click.group()
-def redis() -> None:
-    """The embedded Redis, the serving store."""
+def _url_service(
+    name: str,
+    what: str,
+    summary: str,
+    embedded: Callable[[Context], EmbeddedRedis | EmbeddedMqtt],
+    ready: str,
+    keeps: str,
+) -> click.Group:
+    """The ``start``, ``stop`` and ``status`` commands of the embedded service ``what``,
+    which has a URL: ``ready`` says what start waits for, ``keeps`` what a stop keeps."""
+
+    @click.group(name=name, help=summary)
+    def group() -> None:
+        pass
+
+    @group.command("start", help=f"Start {what} and wait until it {ready}.")
+    @pass_context
+    def start(ctx: Context) -> None:
+        service = embedded(ctx)
+        started = service.start()
+        say(f"{name} {'started' if started else 'already running'} on {service.url}")
+
+    @group.command("stop", help=f"Stop {what} ({keeps}).")
+    @pass_context
+    def stop(ctx: Context) -> None:
+        stopped = embedded(ctx).stop()
+        say(f"{name} stopped" if stopped else f"{name} was not running")
+
+    @group.command("status", help=f"Whether {what} runs, its pid and address.")
+    @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+    @pass_context
+    def status(ctx: Context, as_json: bool) -> None:
+        found = embedded(ctx).status()
+        row = {
+            "state": found.state.value,
+            "pid": found.pid,
+            "url": found.url,
+            "started_at": iso_from_epoch_s(found.started_at),
+        }
+        _show(row, as_json)
+
+    return group
 
 
-@redis.command("start")
-@pass_context
-def redis_start(ctx: Context) -> None:
-    """Start Redis and wait until it answers PING."""
-    store = _embedded_redis(ctx)
-    started = store.start()
-    say(f"redis {'started' if started else 'already running'} on {store.url}")
-
-
-@redis.command("stop")
-@pass_context
-def redis_stop(ctx: Context) -> None:
-    """Stop Redis (its append-only file keeps the data)."""
-    stopped = _embedded_redis(ctx).stop()
-    say("redis stopped" if stopped else "redis was not running")
-
-
-@redis.command("status")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@pass_context
-def redis_status(ctx: Context, as_json: bool) -> None:
-    """Whether Redis runs, its pid and address."""
-    status = _embedded_redis(ctx).status()
-    row = {
-        "state": status.state.value,
-        "pid": status.pid,
-        "url": status.url,
-        "started_at": iso_from_epoch_s(status.started_at),
-    }
-    _show(row, as_json)
-
-
-@click.group()
-def mqtt() -> None:
-    """The embedded MQTT broker devices publish to (mosquitto, else amqtt)."""
-
-
-@mqtt.command("start")
-@pass_context
-def mqtt_start(ctx: Context) -> None:
-    """Start the MQTT broker and wait until it accepts a connection."""
-    broker = _embedded_mqtt(ctx)
-    started = broker.start()
-    say(f"mqtt {'started' if started else 'already running'} on {broker.url}")
-
-
-@mqtt.command("stop")
-@pass_context
-def mqtt_stop(ctx: Context) -> None:
-    """Stop the MQTT broker (mosquitto keeps its sessions and queued messages on disk)."""
-    stopped = _embedded_mqtt(ctx).stop()
-    say("mqtt stopped" if stopped else "mqtt was not running")
-
-
-@mqtt.command("status")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@pass_context
-def mqtt_status(ctx: Context, as_json: bool) -> None:
-    """Whether the MQTT broker runs, its pid and address."""
-    status = _embedded_mqtt(ctx).status()
-    row = {
-        "state": status.state.value,
-        "pid": status.pid,
-        "url": status.url,
-        "started_at": iso_from_epoch_s(status.started_at),
-    }
-    _show(row, as_json)
+redis = _url_service(
+    "redis",
+    "Redis",
+    "The embedded Redis, the serving store.",
+    _embedded_redis,
+    "answers PING",
+    "its append-only file keeps the data",
+)
+mqtt = _url_service(
+    "mqtt",
+    "the MQTT broker",
+    "The embedded MQTT broker devices publish to (mosquitto, else amqtt).",
+    _embedded_mqtt,
+    "accepts a connection",
+    "mosquitto keeps its sessions and queued messages on disk",
+)
 
 
 @click.command()

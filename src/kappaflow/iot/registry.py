@@ -150,7 +150,7 @@ class Registry:
             self._thread.join(timeout=10)
 
     def _follow(self) -> None:
-        client = consumer(self.kafka, **{"isolation.level": "read_uncommitted"})
+        client = consumer(self.kafka)
         try:
             metadata = client.list_topics(self.topic, timeout=self.kafka.timeout_s)
             partitions = list(metadata.topics[self.topic].partitions)

@@ -30,12 +30,27 @@ def send_json(
     assert producer.flush(30) == 0
 
 
-def topic_values(settings: Settings, topic: str) -> list[dict[str, Any]]:
-    """The JSON values of ``topic`` as a read_committed consumer sees them."""
-    return [
-        json.loads(m.value() or b"{}")
-        for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
-    ]
+def topic_values(
+    settings: Settings, topic: str, *, at_least: int = 0, timeout: float = 60
+) -> list[dict[str, Any]]:
+    """The JSON values of ``topic`` as a read_committed consumer sees them, once there
+    are ``at_least`` of them: a job writes its serving store before it commits its Kafka
+    transaction, so what the store shows may not be readable from the topic yet."""
+
+    def values() -> list[dict[str, Any]]:
+        return [
+            json.loads(m.value() or b"{}")
+            for m in read_records(settings.kafka, topic, start=StartAt(beginning=True))
+        ]
+
+    if at_least <= 0:
+        return values()
+    return wait_for(
+        lambda: found if len(found := values()) >= at_least else None,
+        timeout=timeout,
+        interval=0.5,
+        what=f"{at_least} records in {topic}",
+    )
 
 
 def wait_job(

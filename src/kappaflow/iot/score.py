@@ -166,9 +166,10 @@ def build(job: kf.Job) -> None:
         time="time",
         watermark="1m",
     )
+    problem = params_problem()
     models = job.table(
         job.param("models", MODELS_TOPIC), ModelUpdate, key=["device", "metric"]
-    ).reject(params_problem().isNotNull(), params_problem())
+    ).reject(problem.isNotNull(), problem)
     modelled = readings.join(models, on=["device", "metric"], how="left").select(
         "device", "metric", "value", "time", "id", "model", "version", "params"
     )

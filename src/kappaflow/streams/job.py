@@ -261,6 +261,14 @@ class Job:
         self.outputs.append(output)
 
 
+def refusal(condition: Column | str, reason: str | Column) -> tuple[Column, Column]:
+    """A ``reject`` rule as columns: whether a record is refused (a null condition is
+    not), and the reason it is given."""
+    rule = F.expr(condition) if isinstance(condition, str) else condition
+    why = F.lit(reason) if isinstance(reason, str) else reason
+    return F.coalesce(rule, F.lit(False)), F.coalesce(why, F.lit("refused by a rule of the job"))
+
+
 class Stream:
     """A stream of typed records: a streaming DataFrame plus where it came from."""
 
@@ -314,12 +322,8 @@ class Stream:
         that words it per record), their original bytes and where they came from, and
         count as dead letters: a rule the schema cannot say (a unit not known, a reading
         from the far future) loses nothing it refuses."""
-        rule = F.expr(condition) if isinstance(condition, str) else condition
-        refused = F.coalesce(rule, F.lit(False))
-        why = F.lit(reason) if isinstance(reason, str) else reason
-        rows = self._frame.where(refused).withColumn(
-            "_kf_reason", F.coalesce(why, F.lit("refused by a rule of the job"))
-        )
+        refused, why = refusal(condition, reason)
+        rows = self._frame.where(refused).withColumn("_kf_reason", why)
         derived = self._derive(self._frame.where(~refused))
         derived.source = dataclasses.replace(self.source, rejected=(*self.source.rejected, rows))
         return derived

@@ -137,12 +137,10 @@ class Reference:
                 f"table {self.name!r} is read from Parquet: filter it before, "
                 "only a Kafka table's records can go to the dead-letter topic"
             )
-        rule = F.expr(condition) if isinstance(condition, str) else condition
-        why = F.lit(reason) if isinstance(reason, str) else reason
-        refused = F.col("_kf_reason").isNull() & F.coalesce(rule, F.lit(False))
-        verdict = F.when(refused, F.coalesce(why, F.lit("refused by a rule of the job"))).otherwise(
-            F.col("_kf_reason")
-        )
+        from kappaflow.streams.job import refusal
+
+        refused, why = refusal(condition, reason)
+        verdict = F.when(F.col("_kf_reason").isNull() & refused, why).otherwise(F.col("_kf_reason"))
         records = self._records.withColumn("_kf_reason", verdict)
         frame = _rows(records, self.keys, self.source.schema)
         if self._picked is not None:

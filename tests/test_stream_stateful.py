@@ -11,20 +11,23 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 from pydantic import BaseModel
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 from pyspark.sql.streaming import TwsTester
 
-from kappaflow.errors import KappaflowError
+from kappaflow.errors import KappaflowError, StateIncompatibleError
+from kappaflow.streams.check import record_plan, signature, verify_restart
 from kappaflow.streams.job import Job, Stream
+from kappaflow.streams.lake_fs import HadoopFs
+from kappaflow.streams.runtime import declare
 from kappaflow.streams.sinks import lake, topic
 from kappaflow.streams.stateful import StateContext, StatefulFunction, stateful
 from kappaflow.streams.stateful_run import OFFSET, PARTITION, RECORD, TIME, KeyedProcessor
-from kappaflow.testing import run
+from kappaflow.testing import BatchFiles, run
 
 NEVER_LATE = 2**62
 T0 = 1_795_000_000_000  # an instant in 2026, in epoch ms
@@ -71,40 +74,38 @@ def keyed(function: StatefulFunction[Any], lateness_ms: int = 0) -> TwsTester:
     )
 
 
-def readings(*events: tuple[int, float], offset: int = 0, partition: int = 0) -> pd.DataFrame:
+def readings(*events: tuple[int, float], offset: int = 0, partition: int = 0) -> list[Row]:
     """Rows as the operator gets them: (event time, temperature) each, at offsets from
     ``offset``; the record JSON as Spark's to_json writes it (a null field left out)."""
-    return pd.DataFrame(
-        {
-            RECORD: [
-                json.dumps({"device": "d1", "temperature": v, "at": at(t).isoformat()})
-                for t, v in events
-            ],
-            TIME: [t for t, _ in events],
-            PARTITION: [partition] * len(events),
-            OFFSET: list(range(offset, offset + len(events))),
-        }
-    )
+    return [
+        Row(
+            **{
+                RECORD: json.dumps({"device": "d1", "temperature": v, "at": at(t).isoformat()}),
+                TIME: t,
+                PARTITION: partition,
+                OFFSET: offset + i,
+            }
+        )
+        for i, (t, v) in enumerate(events)
+    ]
 
 
-def all_rows(frame: Any) -> list[dict[str, Any]]:
-    assert isinstance(frame, pd.DataFrame)
-    return (
-        [] if frame.empty else [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
-    )
+def all_rows(rows: Any) -> list[dict[str, Any]]:
+    assert isinstance(rows, list) and all(isinstance(r, Row) for r in rows)
+    return [r.asDict() for r in rows]
 
 
-def rows_of(frame: Any) -> list[dict[str, Any]]:
+def rows_of(rows: Any) -> list[dict[str, Any]]:
     """The rows the writer publishes (records and late events), not the statistics."""
-    return [r for r in all_rows(frame) if r["kind"] != "stats"]
+    return [r for r in all_rows(rows) if r["kind"] != "stats"]
 
 
-def records(frame: Any) -> list[dict[str, Any]]:
-    return [json.loads(r["row"]) for r in rows_of(frame) if r["kind"] == "record"]
+def records(rows: Any) -> list[dict[str, Any]]:
+    return [json.loads(r["row"]) for r in rows_of(rows) if r["kind"] == "record"]
 
 
-def feed(t: TwsTester, frame: pd.DataFrame) -> Any:
-    return t.testInPandas("d1", frame)
+def feed(t: TwsTester, rows: list[Row]) -> Any:
+    return t.test("d1", rows)
 
 
 def stored(t: TwsTester) -> tuple[dict[str, Any], int | None, list[int]] | None:
@@ -464,3 +465,30 @@ def test_a_job_hands_late_events_to_the_function_flagged_and_writes_its_output(
         ("d1", 1, at(T0 + 10_000)),
         ("d1", 2, at(T0 + 1_000)),
     ]
+
+
+def test_a_checkpoint_of_the_pandas_operator_is_refused_with_what_changed(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Stateful functions run on Spark's transformWithState; state an earlier kappaflow kept
+    with transformWithStateInPandas does not restore into it (Spark fails on the operator's
+    name), so the restart is refused first, naming the operator."""
+
+    def build(job: Job) -> None:
+        job.source("readings", Reading, key="device", time="at").process(tally, by="device").to(
+            topic()
+        )
+
+    reader = BatchFiles(tmp_path / "sources")
+    reader.write("readings", [[]])
+    job = declare(build, "tallies", {}, spark, reader)
+    [output] = job.outputs
+    fs = HadoopFs(spark, str(tmp_path / "checkpoints"))
+    record_plan(job, fs)
+    verify_restart(job, fs, str(tmp_path / "checkpoints"))  # the same plan restarts
+    (tmp_path / "checkpoints" / output.name / "state").mkdir(parents=True)
+    held = {k: v for k, v in signature(output).items() if k != "operator"}
+    fs.write_atomically(f"{output.name}.plan.json", json.dumps(held))
+    with pytest.raises(StateIncompatibleError, match="operator: None -> 'transformWithState'") as e:
+        verify_restart(job, fs, str(tmp_path / "checkpoints"))
+    assert e.value.code == "KF735"

@@ -128,11 +128,14 @@ def process_stream(
     )
     derived.name = name or function.name
     # The state is kept as JSON by field name (fields may come and go); what it is
-    # keyed by and which function keeps it may not change under a checkpoint.
+    # keyed by, which function keeps it and Spark's operator that holds it may not change
+    # under a checkpoint (state kept by transformWithStateInPandas does not restore into
+    # transformWithState).
     derived.state_definition = {
         "kind": "stateful function",
         "function": function.name,
         "by": list(keys),
+        "operator": "transformWithState",
     }
     return derived
 
@@ -156,7 +159,7 @@ def run_processor(
         F.col("_kf_partition").cast("int").alias(PARTITION),
         F.col("_kf_offset").cast("long").alias(OFFSET),
     )
-    return prepared.groupBy(*keys).transformWithStateInPandas(
+    return prepared.groupBy(*keys).transformWithState(
         statefulProcessor=KeyedProcessor(function, record, lateness_ms),
         outputStructType=OUTPUT_SCHEMA,
         outputMode="Update",

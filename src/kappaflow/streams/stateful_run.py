@@ -1,4 +1,4 @@
-"""Running stateful functions (stateful.py) per key, over ``transformWithStateInPandas``.
+"""Running stateful functions (stateful.py) per key, over Spark's ``transformWithState``.
 
 ``KeyedProcessor`` is the StatefulProcessor: per key it keeps one value state, ``state``
 (STATE_SCHEMA): the user's state as JSON, when the key expires (its TTL, in event time)
@@ -7,8 +7,8 @@ The TTL is a timer as well, rather than Spark's TTL, which counts processing tim
 would make a replay forget keys at other points. Timers are only registered after the
 watermark (TwsTester refuses others): one set at or behind it fires in the same call.
 
-Events come in as JSON of the record's fields (stateful_values.py) with their event time
-and source position, and leave as OUTPUT_SCHEMA rows: ``record`` rows whose ``row`` is
+Events come in as rows holding the JSON of the record's fields (stateful_values.py), their
+event time and source position, and leave as OUTPUT_SCHEMA rows: ``record`` rows whose ``row`` is
 the JSON of an output object, and ``late`` rows with the late event's exact offset, for
 the batch writer to read back and publish to the job's late topic.
 """
@@ -19,8 +19,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-import pandas as pd
+from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -52,6 +51,7 @@ OUTPUT_SCHEMA = (
 )
 # No leading underscore: Spark hands the processor such columns renamed.
 RECORD, TIME, PARTITION, OFFSET = "kf_record", "kf_time", "kf_partition", "kf_offset"
+_Output = Row(*OUTPUT_COLUMNS)
 #: Timers due at once that one call may fire before it calls it a loop.
 MAX_DUE = 1_000
 
@@ -70,21 +70,17 @@ class KeyedProcessor(StatefulProcessor):
         self.value = handle.getValueState("state", STATE_SCHEMA)
 
     def handleInputRows(  # type: ignore[override]
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
+        self, key: Any, rows: Iterator[Row], timerValues: TimerValues
+    ) -> Iterator[Row]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        frame = pd.concat(list(rows), ignore_index=True)
-        frame = frame.sort_values([TIME, PARTITION, OFFSET], kind="stable")
+        ordered = sorted(
+            ((r[RECORD], r[TIME], r[PARTITION], r[OFFSET]) for r in rows),
+            key=lambda r: (r[1], r[2], r[3]),
+        )
         run = _Run(self, _key(key), watermark)
         events: list[Any] = []
         late: list[Any] = []
-        for text, time, partition, offset in zip(
-            frame[RECORD].tolist(),
-            frame[TIME].tolist(),
-            frame[PARTITION].tolist(),
-            frame[OFFSET].tolist(),
-            strict=True,
-        ):
+        for text, time, partition, offset in ordered:
             is_late = watermark > 0 and time + self.lateness_ms <= watermark
             if is_late and self.function.late == "topic":
                 run.late_row(int(time), int(partition), int(offset))
@@ -100,11 +96,11 @@ class KeyedProcessor(StatefulProcessor):
             run.emit(self.function(run.key, events, ctx), run.newest)
             run.fire_due(ctx)
             run.save(ctx)
-        yield from run.frames()
+        yield from run.rows()
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
+    ) -> Iterator[Row]:
         at = expiredTimerInfo.getExpiryTimeInMs()
         run = _Run(self, _key(key), timerValues.getCurrentWatermarkInMs())
         if not run.stored:
@@ -116,7 +112,7 @@ class KeyedProcessor(StatefulProcessor):
             run.call_timer(ctx, at)
         run.fire_due(ctx)
         run.save(ctx)
-        yield from run.frames()
+        yield from run.rows()
 
     def close(self) -> None:
         pass
@@ -130,7 +126,7 @@ class _Run:
         self.key = key
         self.key_json = dumps(to_plain(list(key), "key"))
         self.watermark = watermark
-        self.out: dict[str, list[Any]] = {c: [] for c in OUTPUT_COLUMNS}
+        self.out: list[Row] = []
         self.newest: tuple[int, int | None, int | None] = (-(2**63), None, None)
         stored = processor.value.get()
         self.stored = stored is not None
@@ -228,18 +224,25 @@ class _Run:
 
     def _row(self, kind: str, row: str | None, reason: str | None, *rest: Any) -> None:
         time, partition, offset, offsets, *events = rest
-        values = (kind, self.key_json, row, reason, self.watermark, time, partition, offset)
-        for column, value in zip(
-            OUTPUT_COLUMNS, (*values, offsets, events[0] if events else 0), strict=True
-        ):
-            self.out[column].append(value)
+        self.out.append(
+            _Output(
+                kind,
+                self.key_json,
+                row,
+                reason,
+                self.watermark,
+                time,
+                partition,
+                offset,
+                offsets,
+                events[0] if events else 0,
+            )
+        )
 
-    def frames(self) -> Iterator[pd.DataFrame]:
-        if self.out["kind"]:
-            yield pd.DataFrame(self.out, columns=list(OUTPUT_COLUMNS))
+    def rows(self) -> Iterator[Row]:
+        yield from self.out
 
 
 def _key(key: Any) -> tuple[Any, ...]:
-    """Spark's grouping key as plain Python values."""
-    values = key if isinstance(key, tuple) else (key,)
-    return tuple(v.item() if isinstance(v, np.generic) else v for v in values)
+    """Spark's grouping key as a tuple."""
+    return key if isinstance(key, tuple) else (key,)

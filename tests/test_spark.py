@@ -106,6 +106,15 @@ def test_a_users_class_path_keeps_the_local_file_system(kafka: Settings) -> None
     assert conf["spark.hadoop.fs.file.impl"] == "io.kappaflow.hadoop.NioLocalFileSystem"
 
 
+def test_a_users_jvm_options_keep_the_log_configuration(kafka: Settings) -> None:
+    ours = session_conf(kafka, "x")["spark.driver.extraJavaOptions"]
+    assert ours.startswith("-Dlog4j2.configurationFile=file:")
+    options = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    spark = kafka.spark.model_copy(update={"conf": options})
+    conf = session_conf(kafka.model_copy(update={"spark": spark}), "x")
+    assert conf["spark.driver.extraJavaOptions"] == f"{ours} -XX:TieredStopAtLevel=1"
+
+
 def test_a_real_time_driver_gets_its_slots_and_the_users_options_win() -> None:
     wait = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
     local = load_settings(spark={"master": "local[*]", "conf": {"spark.x": "1"}})

@@ -88,6 +88,10 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # with a limit, Spark measures the batch's size after every row, which costs more
         # than the rows themselves once a batch has list columns.
         "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
+        # Generated code is kept per distinct plan; a job of several queries plans more
+        # than the default 100 entries hold, and every miss compiles (and the JVM then
+        # JIT-compiles) the class again each micro-batch.
+        "spark.sql.codegen.cache.maxEntries": "2000",
         "spark.local.dir": str((settings.state_dir / "spark-tmp").resolve()),
         # Python workers run this interpreter (with kappaflow's dependencies), not whatever
         # `python3` is first on PATH. On a cluster, point it at the executors' Python
@@ -103,6 +107,11 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # Checkpoint files without a chmod and a readlink process each (install/localfs.py).
         conf.update(FILE_SYSTEM_CONF)
     conf.update(spark.conf)
+    # The user's JVM options come after ours (a later -D or -XX wins), and keep the log
+    # configuration.
+    theirs = spark.conf.get("spark.driver.extraJavaOptions")
+    if theirs:
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j} {theirs}"
     if local_fs is not None:
         # After the user's options, so that a class path of theirs keeps ours too.
         class_path = [conf.get("spark.driver.extraClassPath"), str(local_fs.resolve())]

@@ -7,10 +7,10 @@ The TTL is a timer as well, rather than Spark's TTL, which counts processing tim
 would make a replay forget keys at other points. Timers are only registered after the
 watermark (TwsTester refuses others): one set at or behind it fires in the same call.
 
-Events come in as rows holding the JSON of the record's fields (stateful_values.py), their
-event time and source position, and leave as OUTPUT_SCHEMA rows: ``record`` rows whose ``row`` is
-the JSON of an output object, and ``late`` rows with the late event's exact offset, for
-the batch writer to read back and publish to the job's late topic.
+Events come in as rows holding the JSON of the record's fields (stateful_values.py),
+their event time and source position, and leave as OUTPUT_SCHEMA rows: ``record`` rows
+whose ``row`` is the JSON of an output object, and ``late`` rows with the late event's
+exact offset, for the batch writer to read back and publish to the job's late topic.
 """
 
 from __future__ import annotations

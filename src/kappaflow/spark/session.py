@@ -64,13 +64,13 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every Spark option kappaflow sets, derived from ``settings``."""
     spark = settings.spark
     jars = spark_connector_jars(settings)
-    log4j = _log4j_file(settings)
+    logging = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
     conf = {
         "spark.master": spark.master,
         "spark.app.name": app_name,
         "spark.jars": ",".join(str(jar.resolve()) for jar in jars),
         "spark.driver.memory": spark.driver_memory,
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.driver.extraJavaOptions": logging,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(spark.shuffle_partitions),
         "spark.ui.enabled": str(spark.ui).lower(),
@@ -111,7 +111,7 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     # configuration.
     theirs = spark.conf.get("spark.driver.extraJavaOptions")
     if theirs:
-        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j} {theirs}"
+        conf["spark.driver.extraJavaOptions"] = f"{logging} {theirs}"
     if local_fs is not None:
         # After the user's options, so that a class path of theirs keeps ours too.
         class_path = [conf.get("spark.driver.extraClassPath"), str(local_fs.resolve())]

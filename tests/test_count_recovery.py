@@ -43,8 +43,11 @@ from test_counting import (
 
 SUPPORT = Path(__file__).resolve().parent / "support"
 # A crash before a batch writes anything re-runs it like any other; the steps after a
-# write are where exactly-once could break.
-CRASH_STEPS = [s for s in STEPS if s != "before-store"]
+# write are where exactly-once could break. The counting job crashes after its serving
+# store's write and inside its open transaction; the job API's test of the same batch
+# writer (test_app_jobs.py, three sinks) after the lake's write and after the commit.
+CRASH_STEPS = ["after-store", "in-transaction"]
+assert set(CRASH_STEPS) < set(STEPS)
 
 
 def uncommitted_values(settings: Settings, topic: str) -> list[bytes]:

@@ -45,7 +45,7 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
         "--rate",
         "60",
         "--duration",
-        "180s",
+        "90s",
         "--port",
         "0",
         timeout=900,

@@ -467,6 +467,28 @@ def test_a_job_hands_late_events_to_the_function_flagged_and_writes_its_output(
     ]
 
 
+def test_a_jobs_queries_start_one_after_another(spark: SparkSession) -> None:
+    """Each query of a job starts once the one before has run its first batch: a query's
+    first batch starts Python processes that must connect back to Spark in time."""
+
+    def build(job: Job) -> None:
+        readings = job.source("readings", Reading, key="device", time="at", watermark="0s")
+        readings.process(tally, by="device", name="first").to(topic())
+        readings.process(tally, by="device", name="second").to(topic())
+
+    reading = {"device": "d1", "temperature": 1.0, "at": at(T0).isoformat()}
+    out = run(build, {"readings": [[reading]]}, spark=spark)
+
+    def instant(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    first, second = out.progress["job.first"][0], out.progress["job.second"][0]
+    first_done = instant(first["timestamp"]) + timedelta(
+        milliseconds=first["durationMs"]["triggerExecution"]
+    )
+    assert instant(second["timestamp"]) >= first_done
+
+
 def test_a_checkpoint_of_the_pandas_operator_is_refused_with_what_changed(
     spark: SparkSession, tmp_path: Path
 ) -> None:

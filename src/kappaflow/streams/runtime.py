@@ -9,6 +9,7 @@ same code runs a job for real (Kafka, Redis, the lake) and under the test harnes
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError
+from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError, WaitTimeoutError
 from kappaflow.kafka.topics import COMPACTED
 from kappaflow.streams.backends import Publisher, ResultStore
 from kappaflow.streams.job import BOOKKEEPING, Job, Output, Reader, Source
@@ -28,6 +29,14 @@ from kappaflow.streams.session_windows import aggregate_sessions
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
 from kappaflow.streams.windowing import aggregate_windows
 from kappaflow.streams.writer import OutputTarget, OutputWriter, StepHook
+from kappaflow.waiting import wait_for
+
+#: How long a job's query may take over its first micro-batch before the next query
+#: starts. A query's first batch starts Python processes on the driver (the check of a
+#: stateful function's state schema among them), and Spark gives each ten seconds to
+#: connect back: a job of several stateful queries started all at once on a busy machine
+#: misses that and has to restart. So the queries start one after another.
+FIRST_BATCH_WAIT_S = 20.0
 
 #: Every output query's rows, whatever they are (writer.py routes them by ``kind``).
 OUTPUT_COLUMNS = (
@@ -123,8 +132,9 @@ def start_outputs(
     available_now: bool = False,
     on_step: StepHook | None = None,
 ) -> list[StreamingQuery]:
-    """One started query per output of ``job``."""
-    queries = []
+    """One started query per output of ``job``, each started once the one before has run
+    its first batch (or FIRST_BATCH_WAIT_S has passed)."""
+    queries: list[StreamingQuery] = []
     carried: set[str] = set()
     refused: set[int] = set()
     joined: dict[str, tuple[Source, DataFrame]] = {}
@@ -143,6 +153,7 @@ def start_outputs(
         # Spark runs a stream-stream join in append mode only: a match is output once,
         # and a window or stateful function after it runs on the join's watermark.
         mode = "append" if any(j.kind == "stream" for j in output.stream.source.joins) else "update"
+        _first_batch(queries)
         queries.append(_start(frame, target, backends, reader, on_step, mode, available_now))
     # A joined topic's records that do not parse reach the dead-letter topic through a
     # query of their own, unless an output of that topic carries them already.
@@ -161,8 +172,24 @@ def start_outputs(
             status_dir=backends.status_dir,
         )
         frame = _shaped(_dead_letters(parsed))
+        _first_batch(queries)
         queries.append(_start(frame, target, backends, reader, on_step, "append", available_now))
     return queries
+
+
+def _first_batch(started: Sequence[StreamingQuery]) -> None:
+    """Wait until the last query started has run its first batch or stopped, at most
+    FIRST_BATCH_WAIT_S."""
+    if not started:
+        return
+    query = started[-1]
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for(
+            lambda: True if query.lastProgress is not None or not query.isActive else None,
+            timeout=FIRST_BATCH_WAIT_S,
+            interval=0.1,
+            what=f"the first batch of {query.name}",
+        )
 
 
 def _start(

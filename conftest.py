@@ -11,6 +11,7 @@ other test is ``unit``, the tier ``make check`` runs while editing.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,12 @@ from kappaflow.settings import Settings, load_settings
 REPO = Path(__file__).resolve().parent
 JARS = Path(os.environ.get("KAPPAFLOW_TEST_JARS_DIR", REPO / ".kappaflow" / "jars"))
 EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
+
+#: Spark options of every driver the tests start. A test's driver lives a minute or two,
+#: and on two cores HotSpot's optimising compiler (C2) took half of such a driver's CPU
+#: in that time, compiling code it would not run long enough to pay back: the tests'
+#: drivers compile with C1 only. (A long-running job keeps C2: docs/benchmarks/iot-latency.md.)
+TEST_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 
 #: Fixtures that bring up a real service: a test using one is an integration test.
 SERVICE_FIXTURES = frozenset({"kafka", "serving", "spark", "cli", "new_topic"})
@@ -72,6 +79,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "KAPPAFLOW_SPARK__MASTER": settings.spark.master,
         "KAPPAFLOW_SPARK__SHUFFLE_PARTITIONS": str(settings.spark.shuffle_partitions),
     }
+    if settings.spark.conf:
+        env["KAPPAFLOW_SPARK__CONF"] = json.dumps(settings.spark.conf)
     if settings.kafka.bootstrap_servers:
         env["KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS"] = settings.kafka.bootstrap_servers
     return env
@@ -84,7 +93,7 @@ def make_settings(state_dir: Path, **kafka: object) -> Settings:
         kafka=kafka or {"port": free_port(), "controller_port": free_port()},
         redis={"port": free_port()},
         mqtt={"port": free_port()},
-        spark={"master": "local[2]", "shuffle_partitions": 2},
+        spark={"master": "local[2]", "shuffle_partitions": 2, "conf": dict(TEST_SPARK_CONF)},
     )
 
 

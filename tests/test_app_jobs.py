@@ -1,14 +1,13 @@
 """Jobs on the job API, for real: the revenue example (examples/revenue.py) on the
-broker, Spark, Redis and the lake, through SIGKILLs at every step of a batch's writes.
+broker, Spark, Redis and the lake; removal, plans, joins, transactions that take turns and
+restarts (through SIGKILLs: test_app_crashes.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,116 +69,6 @@ def start(cli: RunCli, job: str, topic: str, crash: str | None, record: Path) ->
     env = {"PYTHONPATH": PATH, CRASH_AT: crash or "", CRASH_RECORD: str(record)}
     result = cli("jobs", "start", job, *reference, "-P", f"topic={topic}", env=env)
     assert result.code == 0, result.err
-
-
-def test_a_job_with_three_sinks_through_crashes(
-    cli: RunCli,
-    serving: Settings,
-    new_topic: Callable[..., str],
-    job_name: str,
-    tmp_path: Path,
-) -> None:
-    topic = new_topic(partitions=2)
-    first = [
-        order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z"),
-        order("o2", "bob", "DE", 30.0, "2026-11-23T10:00:20Z"),
-        order("o2", "bob", "DE", 30.0, "2026-11-23T10:00:20Z"),
-        order("o3", "cy", "FR", 7.5, "2026-11-23T10:00:40Z"),
-    ]
-    send_json(serving, topic, [*first, b"{not json"], key="buyer")
-    record = tmp_path / "crash.json"
-    jobs = JobManager(serving)
-    start(cli, job_name, topic, "after-lake:1", record)
-    wait_totals(cli, serving, job_name, events=3, duplicates=1, dead_letters=1)
-    # A batch and its re-run crash one step after another: with the serving store and
-    # the lake written, then with the transaction committed (test_count_recovery.py
-    # crashes the same writer inside its open transaction); the last start has no fault,
-    # and runs the batch once more.
-    send_json(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")], key="buyer")
-    steps = ["after-lake", "after-kafka", None]
-    for step, following in itertools.pairwise(steps):
-        wait_for(
-            lambda: True if jobs.get_state(job_name) == "crashed" else None,
-            timeout=180,
-            what=f"the crash at {step}",
-        )
-        crashed = json.loads(record.read_text())
-        assert (crashed["step"], crashed["output"]) == (step, "revenue")
-        assert crashed["batch"] >= 1
-        start(cli, job_name, topic, f"{following}:1" if following else None, record)
-    later = [
-        order("o6", "gus", "FR", 2.0, "2026-11-23T10:01:20Z"),
-        order("o9", "eve", "DE", 20.0, "2026-11-23T10:00:50Z"),  # a correction
-        order("o7", "bob", "FR", 1.0, "2026-11-23T10:07:00Z"),
-    ]
-    send_json(serving, topic, later, key="buyer")
-    wait_totals(cli, serving, job_name, events=7)
-    too_late = order("o8", "fay", "DE", 99.0, "2026-11-23T10:00:59Z")
-    send_json(serving, topic, [too_late], key="buyer")
-    totals = wait_totals(cli, serving, job_name, events=7, late=1)
-
-    # Accounting: every record read is passed, dropped as a duplicate, late or dead.
-    counted = (totals["events"], totals["duplicates"], totals["late"], totals["dead_letters"])
-    assert counted == (7, 1, 1, 1)
-    assert totals["events_read"] == 10 == sum(counted)
-
-    # Redis holds each window's final values, computed here without the engine.
-    store = redis.Redis.from_url(serving.redis.effective_url)
-    held = {
-        (json.loads(key.decode().rsplit(":w:", 1)[1])[0], int(start)): json.loads(value)
-        for key in store.scan_iter(f"kf:{job_name}:revenue:w:*")
-        for start, value in store.hgetall(key).items()
-    }
-    minute = 1_795_428_000_000  # 2026-11-23T10:00:00Z
-    totals_by_window = {k: v["values"]["total"] for k, v in held.items()}
-    assert totals_by_window == {
-        ("DE", minute): 60.0,
-        ("DE", minute + 60_000): 5.0,
-        ("FR", minute): 7.5,
-        ("FR", minute + 60_000): 2.0,
-        ("FR", minute + 420_000): 1.0,
-    }
-    assert held[("DE", minute)]["values"]["buyers"] == 3
-
-    # The changelog: no change published twice or lost, each after the one before.
-    changes = topic_values(serving, f"{job_name}.revenue")
-    identities = [(c["country"], c["window_start"], c["version"]) for c in changes]
-    assert len(identities) == len(set(identities)), "a change was published twice"
-    history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for change in changes:
-        history[(change["country"], change["window_start"])].append(change)
-    for versions in history.values():
-        assert [c["version"] for c in versions] == list(range(1, len(versions) + 1))
-        for before, after in itertools.pairwise(versions):
-            assert after["previous"] == before["values"]
-    assert {k: v[-1]["values"]["total"] for k, v in history.items()} == {
-        (country, _iso(start)): total for (country, start), total in totals_by_window.items()
-    }
-
-    # The lake holds each change once, as the changelog does.
-    lake = read_arrow(f"{serving.lake_root}/{job_name}/revenue").to_pylist()
-    rows = [(r["country"], r["version"], r["kind"], r["total"]) for r in lake]
-    assert sorted(rows) == sorted(
-        (c["country"], c["version"], c["kind"], c["values"]["total"]) for c in changes
-    )
-
-    [late] = topic_values(serving, f"{job_name}.late", at_least=1)
-    assert json.loads(late["event"])["order_id"] == "o8"
-    [dead] = topic_values(serving, f"{job_name}.dlq", at_least=1)
-    assert dead["error"] == "not valid JSON"
-
-    # A restart that changes what the output's state holds is refused, with what changed.
-    check = cli(
-        "jobs",
-        "check",
-        job_name,
-        "--app",
-        "jobs_under_test:revenue_by_buyer",
-        "-P",
-        f"topic={topic}",
-        env={"PYTHONPATH": PATH},
-    )
-    assert "by: ['country'] -> ['buyer']" in error_line(check, "KF735", 1)
 
 
 def test_a_removed_job_begins_from_nothing(

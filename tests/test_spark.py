@@ -107,12 +107,14 @@ def test_a_users_class_path_keeps_the_local_file_system(kafka: Settings) -> None
 
 
 def test_a_users_jvm_options_keep_the_log_configuration(kafka: Settings) -> None:
-    ours = session_conf(kafka, "x")["spark.driver.extraJavaOptions"]
-    assert ours.startswith("-Dlog4j2.configurationFile=file:")
-    options = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
-    spark = kafka.spark.model_copy(update={"conf": options})
-    conf = session_conf(kafka.model_copy(update={"spark": spark}), "x")
-    assert conf["spark.driver.extraJavaOptions"] == f"{ours} -XX:TieredStopAtLevel=1"
+    def with_conf(conf: dict[str, str]) -> Settings:
+        return kafka.model_copy(update={"spark": kafka.spark.model_copy(update={"conf": conf})})
+
+    ours = session_conf(with_conf({}), "x")["spark.driver.extraJavaOptions"]
+    assert ours.startswith("-Dlog4j2.configurationFile=file:") and " " not in ours
+    options = {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
+    conf = session_conf(with_conf(options), "x")
+    assert conf["spark.driver.extraJavaOptions"] == f"{ours} -XX:+UseSerialGC"
 
 
 def test_a_real_time_driver_gets_its_slots_and_the_users_options_win() -> None:

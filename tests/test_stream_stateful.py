@@ -8,18 +8,21 @@ column dropped before it), and the processor decides what is late itself.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel
 from pyspark.sql import Row, SparkSession
-from pyspark.sql.streaming import TwsTester
+from pyspark.sql.streaming import StreamingQuery, TwsTester
 
 from kappaflow.errors import KappaflowError, StateIncompatibleError
+from kappaflow.streams import runtime
 from kappaflow.streams.check import record_plan, signature, verify_restart
 from kappaflow.streams.job import Job, Stream
 from kappaflow.streams.lake_fs import HadoopFs
@@ -467,9 +470,13 @@ def test_a_job_hands_late_events_to_the_function_flagged_and_writes_its_output(
     ]
 
 
-def test_a_jobs_queries_start_one_after_another(spark: SparkSession) -> None:
+def test_a_jobs_queries_start_one_after_another(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each query of a job starts once the one before has run its first batch: a query's
     first batch starts Python processes that must connect back to Spark in time."""
+    # However long the first batch takes on a busy machine.
+    monkeypatch.setattr(runtime, "FIRST_BATCH_WAIT_S", 300.0)
 
     def build(job: Job) -> None:
         readings = job.source("readings", Reading, key="device", time="at", watermark="0s")
@@ -487,6 +494,27 @@ def test_a_jobs_queries_start_one_after_another(spark: SparkSession) -> None:
         milliseconds=first["durationMs"]["triggerExecution"]
     )
     assert instant(second["timestamp"]) >= first_done
+
+
+class _Starting:
+    """A query that has not reported its first trigger yet."""
+
+    name = "job.first"
+    isActive = True  # noqa: N815 (the name StreamingQuery gives it)
+    lastProgress = None  # noqa: N815
+
+
+def test_a_stop_asked_while_a_query_starts_starts_no_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job asked to stop while its queries start one after another stops waiting for
+    the one starting and starts no more."""
+    monkeypatch.setattr(runtime, "FIRST_BATCH_WAIT_S", 60.0)
+    stopping = threading.Event()
+    assert runtime._first_batch([], stopping) is True
+    threading.Timer(0.3, stopping.set).start()
+    began = time.monotonic()
+    assert runtime._first_batch([cast(StreamingQuery, _Starting())], stopping) is False
+    # Woken by the stop, not by the deadline.
+    assert time.monotonic() - began < runtime.FIRST_BATCH_WAIT_S / 2
 
 
 def test_a_checkpoint_of_the_pandas_operator_is_refused_with_what_changed(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -38,7 +39,8 @@ class JobContext:
     """What a pipeline gets to start its queries.
 
     ``part`` is None in the job's main driver; in the driver of one of the job's parts
-    (see :class:`Part`) it is that part's name.
+    (see :class:`Part`) it is that part's name. ``stopping`` is set when the job is asked
+    to stop: a pipeline whose start takes a while checks it and starts no more queries.
     """
 
     name: str
@@ -46,6 +48,7 @@ class JobContext:
     spark: SparkSession
     settings: Settings
     part: str | None = None
+    stopping: threading.Event | None = None
 
     @property
     def checkpoint_dir(self) -> Path:

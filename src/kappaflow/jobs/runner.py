@@ -97,7 +97,7 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     pipeline = load_pipeline(record.pipeline)
     settings = _settings(record)
     spark = build_session(settings, app_name=f"kappaflow:{record.name}")
-    ctx = JobContext(record.name, record.params, spark, settings)
+    ctx = JobContext(record.name, record.params, spark, settings, stopping=stop)
     queries = pipeline.start(ctx)
     parts = PartProcesses(home, pipeline.parts(record.params, settings))
     try:
@@ -163,7 +163,7 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
             )
         settings = _settings(record, spec.settings)
         spark = build_session(settings, app_name=f"kappaflow:{record.name}:{part}")
-        ctx = JobContext(record.name, record.params, spark, settings, part=part)
+        ctx = JobContext(record.name, record.params, spark, settings, part=part, stopping=stop)
         queries = pipeline.start(ctx)
     except Exception as exc:
         traceback.print_exc()

@@ -93,7 +93,14 @@ def start_app(
         trigger_ms=settings.spark.trigger_interval_ms,
     )
     record_plan(job, fs)
-    return start_outputs(job, reader, backends, on_step=on_step, available_now=available_now)
+    return start_outputs(
+        job,
+        reader,
+        backends,
+        on_step=on_step,
+        available_now=available_now,
+        stopping=ctx.stopping,
+    )
 
 
 def _create_topics(settings: Settings, job: Job) -> None:

@@ -10,6 +10,7 @@ same code runs a job for real (Kafka, Redis, the lake) and under the test harnes
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,9 +132,11 @@ def start_outputs(
     *,
     available_now: bool = False,
     on_step: StepHook | None = None,
+    stopping: threading.Event | None = None,
 ) -> list[StreamingQuery]:
-    """One started query per output of ``job``, each started once the one before has run
-    its first batch (or FIRST_BATCH_WAIT_S has passed)."""
+    """One started query per output of ``job``, each started once the one before has
+    reported its first trigger (or FIRST_BATCH_WAIT_S has passed). Once ``stopping`` is
+    set, no more are started: the queries started so far are returned."""
     queries: list[StreamingQuery] = []
     carried: set[str] = set()
     refused: set[int] = set()
@@ -153,7 +156,8 @@ def start_outputs(
         # Spark runs a stream-stream join in append mode only: a match is output once,
         # and a window or stateful function after it runs on the join's watermark.
         mode = "append" if any(j.kind == "stream" for j in output.stream.source.joins) else "update"
-        _first_batch(queries)
+        if not _first_batch(queries, stopping):
+            return queries
         queries.append(_start(frame, target, backends, reader, on_step, mode, available_now))
     # A joined topic's records that do not parse reach the dead-letter topic through a
     # query of their own, unless an output of that topic carries them already.
@@ -172,24 +176,33 @@ def start_outputs(
             status_dir=backends.status_dir,
         )
         frame = _shaped(_dead_letters(parsed))
-        _first_batch(queries)
+        if not _first_batch(queries, stopping):
+            return queries
         queries.append(_start(frame, target, backends, reader, on_step, "append", available_now))
     return queries
 
 
-def _first_batch(started: Sequence[StreamingQuery]) -> None:
-    """Wait until the last query started has run its first batch or stopped, at most
-    FIRST_BATCH_WAIT_S."""
-    if not started:
-        return
-    query = started[-1]
-    with contextlib.suppress(WaitTimeoutError):
-        wait_for(
-            lambda: True if query.lastProgress is not None or not query.isActive else None,
-            timeout=FIRST_BATCH_WAIT_S,
-            interval=0.1,
-            what=f"the first batch of {query.name}",
-        )
+def _first_batch(started: Sequence[StreamingQuery], stopping: threading.Event | None) -> bool:
+    """Wait until the last query started has reported its first trigger or stopped, at
+    most FIRST_BATCH_WAIT_S; whether the next may start (False: ``stopping`` is set)."""
+
+    def stop_asked() -> bool:
+        return stopping is not None and stopping.is_set()
+
+    if started:
+        query = started[-1]
+        with contextlib.suppress(WaitTimeoutError):
+            wait_for(
+                lambda: (
+                    True
+                    if query.lastProgress is not None or not query.isActive or stop_asked()
+                    else None
+                ),
+                timeout=FIRST_BATCH_WAIT_S,
+                interval=0.1,
+                what=f"the first batch of {query.name}",
+            )
+    return not stop_asked()
 
 
 def _start(

@@ -32,10 +32,12 @@ REPO = Path(__file__).resolve().parent
 JARS = Path(os.environ.get("KAPPAFLOW_TEST_JARS_DIR", REPO / ".kappaflow" / "jars"))
 EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
 
-#: Spark options of every driver the tests start. A test's driver lives a minute or two,
-#: and on two cores HotSpot's optimising compiler (C2) took half of such a driver's CPU
-#: in that time, compiling code it would not run long enough to pay back: the tests'
-#: drivers compile with C1 only. (A long-running job keeps C2: docs/benchmarks/iot-latency.md.)
+#: Spark options of every driver the tests start. A job's driver in a test lives a minute
+#: or two, and on two cores HotSpot's optimising compiler (C2) took half of such a
+#: driver's CPU in that time, compiling code it would not run long enough to pay back:
+#: the tests' drivers compile with C1 only. The session every worker shares gets the same,
+#: on purpose: each of its harness runs plans and compiles queries of its own, short-lived
+#: too. (A long-running job keeps C2: docs/benchmarks/iot-latency.md.)
 TEST_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 
 #: Fixtures that bring up a real service: a test using one is an integration test.

@@ -19,6 +19,7 @@ from live_jobs import send_json, topic_values
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
 from kappaflow.streams.lake_read import read_arrow
+from kappaflow.streams.writer import STEPS
 from kappaflow.waiting import wait_for
 from test_app_jobs import (
     PATH,
@@ -28,6 +29,16 @@ from test_app_jobs import (
     start,
     wait_totals,
 )
+
+#: Where this job crashes; the counting job's test crashes the same batch writer at the
+#: other steps after a write (test_count_recovery.py).
+CRASH_STEPS = ["after-lake", "after-kafka"]
+
+
+def test_every_step_after_a_write_is_crashed_at_by_one_of_the_two_tests() -> None:
+    from test_count_recovery import CRASH_STEPS as COUNTING
+
+    assert sorted([*CRASH_STEPS, *COUNTING]) == sorted(set(STEPS) - {"before-store"})
 
 
 def test_a_job_with_three_sinks_through_crashes(
@@ -47,14 +58,14 @@ def test_a_job_with_three_sinks_through_crashes(
     send_json(serving, topic, [*first, b"{not json"], key="buyer")
     record = tmp_path / "crash.json"
     jobs = JobManager(serving)
-    start(cli, job_name, topic, "after-lake:1", record)
+    start(cli, job_name, topic, f"{CRASH_STEPS[0]}:1", record)
     wait_totals(cli, serving, job_name, events=3, duplicates=1, dead_letters=1)
     # A batch and its re-run crash one step after another: with the serving store and
     # the lake written, then with the transaction committed (test_count_recovery.py
     # crashes the same writer inside its open transaction); the last start has no fault,
     # and runs the batch once more.
     send_json(serving, topic, [order("o5", "ada", "DE", 5.0, "2026-11-23T10:01:15Z")], key="buyer")
-    steps = ["after-lake", "after-kafka", None]
+    steps = [*CRASH_STEPS, None]
     for step, following in itertools.pairwise(steps):
         wait_for(
             lambda: True if jobs.get_state(job_name) == "crashed" else None,

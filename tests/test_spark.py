@@ -23,6 +23,7 @@ from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import ManagedProcess
 from kappaflow.settings import Settings, SettingsOverrides, load_settings
+from kappaflow.spark.cds import archive_options
 from kappaflow.spark.kafka_io import read_batch, read_stream, write_stream
 from kappaflow.spark.session import REAL_TIME_CONF, real_time_spark, session_conf
 from kappaflow.waiting import wait_for
@@ -111,7 +112,9 @@ def test_a_users_jvm_options_keep_the_log_configuration(kafka: Settings) -> None
         return kafka.model_copy(update={"spark": kafka.spark.model_copy(update={"conf": conf})})
 
     ours = session_conf(with_conf({}), "x")["spark.driver.extraJavaOptions"]
-    assert ours.startswith("-Dlog4j2.configurationFile=file:") and " " not in ours
+    log, *archive = ours.split(" ", 1)
+    assert log.startswith("-Dlog4j2.configurationFile=file:")
+    assert archive == [a for a in [archive_options(kafka)] if a is not None]
     options = {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
     conf = session_conf(with_conf(options), "x")
     assert conf["spark.driver.extraJavaOptions"] == f"{ours} -XX:+UseSerialGC"

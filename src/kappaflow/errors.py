@@ -135,6 +135,12 @@ class MqttBrokerNotFoundError(SetupError, LookupError):
     code = "KF208"
 
 
+class ClassArchiveError(SetupError):
+    """The driver that writes Spark's class-data archive at setup failed or ran too long."""
+
+    code = "KF209"
+
+
 # KF3xx: the embedded services (Kafka broker, Redis).
 
 

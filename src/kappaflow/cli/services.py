@@ -19,11 +19,12 @@ from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
 @click.command()
 @pass_context
 def setup(ctx: Context) -> None:
-    """Check prerequisites, resolve the JVM artifacts from Maven Central and install an
-    MQTT broker if there is none (idempotent)."""
+    """Check prerequisites, resolve the JVM artifacts from Maven Central, write the Spark
+    driver's class-data archive and install an MQTT broker if there is none (idempotent)."""
     from kappaflow.install import find_java, resolve_all
     from kappaflow.install.localfs import build_local_fs
     from kappaflow.install.mqtt import ensure_mqtt_broker
+    from kappaflow.spark.cds import build_archive
 
     settings = ctx.settings
     java = find_java()
@@ -33,6 +34,9 @@ def setup(ctx: Context) -> None:
     built = build_local_fs(settings)
     if built is not None:
         say(built)
+    archived = build_archive(settings)
+    if archived is not None:
+        say(archived)
     say(f"redis-server at {find_redis_server(settings.redis.binary)}")
     say(ensure_mqtt_broker(settings, say))
     say(f"jars ready in {settings.jars_path}")

@@ -18,6 +18,7 @@ from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
 from kappaflow.settings import Settings, SettingsOverrides
+from kappaflow.spark.cds import archive_options
 from kappaflow.spark.environment import LOOPBACK, is_local_master, spark_environment
 
 _LOG4J2 = """\
@@ -64,13 +65,17 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every Spark option kappaflow sets, derived from ``settings``."""
     spark = settings.spark
     jars = spark_connector_jars(settings)
-    logging = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
+    ours = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
+    # Classes mapped from setup's archive (cds.py) where there is one.
+    archive = archive_options(settings)
+    if archive is not None:
+        ours = f"{ours} {archive}"
     conf = {
         "spark.master": spark.master,
         "spark.app.name": app_name,
         "spark.jars": ",".join(str(jar.resolve()) for jar in jars),
         "spark.driver.memory": spark.driver_memory,
-        "spark.driver.extraJavaOptions": logging,
+        "spark.driver.extraJavaOptions": ours,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(spark.shuffle_partitions),
         "spark.ui.enabled": str(spark.ui).lower(),
@@ -111,7 +116,7 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     # configuration.
     theirs = spark.conf.get("spark.driver.extraJavaOptions")
     if theirs:
-        conf["spark.driver.extraJavaOptions"] = f"{logging} {theirs}"
+        conf["spark.driver.extraJavaOptions"] = f"{ours} {theirs}"
     if local_fs is not None:
         # After the user's options, so that a class path of theirs keeps ours too.
         class_path = [conf.get("spark.driver.extraClassPath"), str(local_fs.resolve())]

@@ -100,14 +100,16 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     ctx = JobContext(record.name, record.params, spark, settings, stopping=stop)
     queries = pipeline.start(ctx)
     parts = PartProcesses(home, pipeline.parts(record.params, settings))
-    try:
-        parts.start(timeout=PART_START_TIMEOUT_S)
-    except BaseException:
-        parts.stop(timeout=PART_STOP_TIMEOUT_S)
-        raise
-    record.state = JobState.RUNNING
-    record.save(record_path)
-    print(f"job {record.name} running: {len(queries)} queries, parts {parts.names}", flush=True)
+    # A stop asked while the queries started: no parts, and the job never runs.
+    if not stop.is_set():
+        try:
+            parts.start(timeout=PART_START_TIMEOUT_S)
+        except BaseException:
+            parts.stop(timeout=PART_STOP_TIMEOUT_S)
+            raise
+        record.state = JobState.RUNNING
+        record.save(record_path)
+        print(f"job {record.name} running: {len(queries)} queries, parts {parts.names}", flush=True)
     restarts = 0
     while True:
         state, error = _watch(queries, stop, home / "progress.json", parts.failure)

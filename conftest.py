@@ -78,6 +78,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "KAPPAFLOW_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
         "KAPPAFLOW_REDIS__PORT": str(settings.redis.port),
         "KAPPAFLOW_MQTT__PORT": str(settings.mqtt.port),
+        "KAPPAFLOW_API__PORT": str(settings.api.port),
         "KAPPAFLOW_SPARK__MASTER": settings.spark.master,
         "KAPPAFLOW_SPARK__SHUFFLE_PARTITIONS": str(settings.spark.shuffle_partitions),
     }
@@ -95,6 +96,7 @@ def make_settings(state_dir: Path, **kafka: object) -> Settings:
         kafka=kafka or {"port": free_port(), "controller_port": free_port()},
         redis={"port": free_port()},
         mqtt={"port": free_port()},
+        api={"port": free_port()},
         spark={"master": "local[2]", "shuffle_partitions": 2, "conf": dict(TEST_SPARK_CONF)},
     )
 

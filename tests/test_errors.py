@@ -32,6 +32,7 @@ UNTESTED = {
     "KF204": "Maven Central unreachable or a corrupt download (needs the network to fail)",
     "KF205": "javac failing or PySpark without its Hadoop jar (needs a broken install)",
     "KF307": "a process that survives SIGKILL",
+    "KF850": "the kappaflow service failing inside a request (the store failing mid-request)",
     "KF406": "the broker failing a fetch or an offsets-for-times lookup",
     "KF613": "a part's driver started for a part the pipeline no longer has",
     "KF614": "the counting sink missing too-late events it counted (a broken changelog)",

@@ -63,11 +63,12 @@ def test_up_status_down(own: Settings) -> None:
         r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
     }
     assert {r["state"] for r in rows.values()} == {"running"}
-    assert list(rows) == ["kafka", "redis", "mqtt"]
+    assert list(rows) == ["kafka", "redis", "mqtt", "api"]
     assert rows["kafka"]["address"] == own.kafka.bootstrap
     assert rows["mqtt"]["address"] == f"mqtt://127.0.0.1:{own.mqtt.port}"
     again = run_kappaflow(own, "up")
-    assert again.err.count("already running") == 3
+    assert rows["api"]["address"] == f"http://127.0.0.1:{own.api.port}"
+    assert again.err.count("already running") == 4
     # By default nothing embedded listens beyond loopback.
     for row in rows.values():
         listening = [
@@ -78,7 +79,7 @@ def test_up_status_down(own: Settings) -> None:
         assert listening and all(is_loopback(a.ip) for a in listening), (row, listening)
     down = run_kappaflow(own, "down")
     assert down.code == 0
-    assert [line.split()[0] for line in down.err.splitlines()] == ["mqtt", "redis", "kafka"]
+    assert [line.split()[0] for line in down.err.splitlines()] == ["api", "mqtt", "redis", "kafka"]
     rows = {
         r["service"]: r for r in map(json.loads, run_kappaflow(own, "status", "--json").lines())
     }
@@ -92,7 +93,8 @@ def test_a_command_stops_only_the_services_it_started(own: Settings) -> None:
     said: list[str] = []
     with services.embedded_services(own, said.append):
         states = {r.service: r.state for r in services.status(own)}
-        assert states == {"kafka": "running", "redis": "running", "mqtt": "running"}
+        running = {"kafka": "running", "redis": "running", "mqtt": "running"}
+        assert states == {**running, "api": "stopped"}
     mqtt = f"mqtt://127.0.0.1:{own.mqtt.port}"
     assert said == [
         f"kafka started on {own.kafka.bootstrap}",
@@ -104,6 +106,7 @@ def test_a_command_stops_only_the_services_it_started(own: Settings) -> None:
         "kafka": "stopped",
         "redis": "running",
         "mqtt": "stopped",
+        "api": "stopped",
     }
 
 
@@ -114,7 +117,9 @@ def test_external_services_are_not_managed(own: Settings) -> None:
         "KAPPAFLOW_MQTT__URL": "mqtt://mqtt.example:1883",
     }
     rows = [json.loads(line) for line in run_kappaflow(own, "status", "--json", env=env).lines()]
-    assert {r["state"] for r in rows} == {"external"}
+    states = {r["service"]: r["state"] for r in rows}
+    external = {"kafka": "external", "redis": "external", "mqtt": "external"}
+    assert states == {**external, "api": "stopped"}
     refused = run_kappaflow(own, "kafka", "start", env=env)
     assert refused.code == 1
     assert "external" in refused.err
@@ -180,7 +185,10 @@ def test_redis_commands_and_the_global_flags(own: Settings, tmp_path: Path) -> N
         rows = [json.loads(line) for line in external("status", "--json").lines()]
         assert rows[1] == {"service": "redis", "state": "external", "address": url, "pid": None}
         down = external("down")
-        assert (down.code, down.err) == (0, "mqtt was not running\nkafka was not running\n")
+        assert (down.code, down.err) == (
+            0,
+            "api was not running\nmqtt was not running\nkafka was not running\n",
+        )
         assert status() == running
 
         spec = CountSpec(source="views", key_field="page", time_field="ts", window_ms=60_000)

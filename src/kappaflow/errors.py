@@ -719,6 +719,42 @@ class GatewayUnavailableError(GatewayError):
     status = 503
 
 
+class ApiError(KappaflowError):
+    """A request the kappaflow service refuses; answered as JSON ``{"code", "error"}``."""
+
+    code = "KF850"
+    status = 500
+
+
+class ApiBadRequestError(ApiError, ValueError):
+    """A query parameter of the wrong form: a key that is not a JSON array, a time that is
+    not ISO 8601, a limit out of range."""
+
+    code = "KF851"
+    status = 400
+
+
+class UnknownOutputError(ApiError, LookupError):
+    """The job has no output of that name in the serving store."""
+
+    code = "KF852"
+    status = 404
+
+
+class ApiPathNotFoundError(ApiError, LookupError):
+    """No endpoint at that path (or not for that method)."""
+
+    code = "KF853"
+    status = 404
+
+
+class ApiBindRefusedError(ApiError):
+    """The service was asked to listen beyond loopback, and it has no tokens."""
+
+    code = "KF854"
+    status = 500
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal
 
+from kappaflow.api.server import EmbeddedApi
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.procs import ProcState
@@ -37,8 +39,9 @@ class ServiceRow:
         }
 
 
-def up(settings: Settings) -> list[str]:
-    """Start every embedded service that is not running; say what was done."""
+def up(settings: Settings, config_file: Path | None = None) -> list[str]:
+    """Start every embedded service that is not running, then the kappaflow service (with
+    ``config_file``, the settings file the command was given); say what was done."""
     done: list[str] = []
     if settings.kafka.embedded:
         broker = EmbeddedBroker(settings)
@@ -52,13 +55,18 @@ def up(settings: Settings) -> list[str]:
         mqtt = EmbeddedMqtt(settings)
         started = mqtt.start()
         done.append(f"mqtt {'started' if started else 'already running'} on {mqtt.url}")
+    api = EmbeddedApi(settings, config_file)
+    started = api.start()
+    done.append(f"api {'started' if started else 'already running'} on {api.url}")
     return done
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop every embedded service: the MQTT broker first (it feeds Kafka through the
-    bridge), then Redis (jobs write to it), then the Kafka broker."""
+    """Stop the kappaflow service and every embedded service: the MQTT broker first (it
+    feeds Kafka through the bridge), then Redis (jobs write to it), then the Kafka broker."""
     done: list[str] = []
+    stopped = EmbeddedApi(settings).stop()
+    done.append(f"api {'stopped' if stopped else 'was not running'}")
     if settings.mqtt.embedded:
         stopped = EmbeddedMqtt(settings).stop()
         done.append(f"mqtt {'stopped' if stopped else 'was not running'}")
@@ -116,4 +124,6 @@ def status(settings: Settings) -> list[ServiceRow]:
         rows.append(ServiceRow("mqtt", mqtt.state, mqtt.url, mqtt.pid))
     else:
         rows.append(ServiceRow("mqtt", EXTERNAL, settings.mqtt.effective_url, None))
+    api = EmbeddedApi(settings).status()
+    rows.append(ServiceRow("api", api.state, api.url, api.pid))
     return rows

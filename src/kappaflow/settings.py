@@ -121,6 +121,19 @@ def _jaas_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+class ApiSettings(_Section):
+    """The kappaflow service: the HTTP API over the jobs, their results and the lake."""
+
+    host: str = Field(
+        default="127.0.0.1", description="address the service listens on (loopback only)"
+    )
+    port: int = Field(default=8780, ge=1, le=65535, description="the service's port")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
 _MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://.+|yarn|k8s://.+)$")
 
 
@@ -250,6 +263,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -189,15 +189,16 @@ mqtt = _url_service(
 @click.command()
 @pass_context
 def up(ctx: Context) -> None:
-    """Start every embedded service (Kafka, Redis, MQTT) that is not running."""
-    for line in svc.up(ctx.settings):
+    """Start every embedded service (Kafka, Redis, MQTT) and the kappaflow service (the
+    HTTP API) where they are not running."""
+    for line in svc.up(ctx.settings, ctx.config_file):
         say(line)
 
 
 @click.command()
 @pass_context
 def down(ctx: Context) -> None:
-    """Stop every embedded service."""
+    """Stop the kappaflow service and every embedded service."""
     for line in svc.down(ctx.settings):
         say(line)
 

@@ -1,0 +1,129 @@
+"""The kappaflow service as a background process: ``kappaflow api start | stop | status``.
+
+It is ``kappaflow api serve`` (uvicorn, in the foreground) started detached, with the
+global options that give it the starting command's settings; its pid file and log are
+under ``<state_dir>/api/``. It listens on ``api.host``:``api.port``, loopback by default;
+until the service has tokens, an address other than loopback is refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from kappaflow.errors import (
+    ApiBindRefusedError,
+    PortInUseError,
+    ServiceExitedError,
+    ServiceStartTimeoutError,
+)
+from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
+from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class ApiStatus:
+    state: ProcState
+    pid: int | None
+    url: str
+    started_at: float | None
+
+
+def check_bind(host: str) -> None:
+    """Refuse an address other than loopback: the service has no tokens yet, and its
+    answers hold every job's results."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ApiBindRefusedError(
+            f"the service would listen on {host}, beyond this machine, and it has no API "
+            "tokens to refuse strangers with: keep api.host on loopback (127.0.0.1)"
+        )
+
+
+class EmbeddedApi:
+    """The service this state directory runs."""
+
+    def __init__(self, settings: Settings, config_file: Path | None = None) -> None:
+        self.settings = settings
+        self.config_file = config_file
+        self.home = (settings.state_dir / "api").resolve()
+        self.process = ManagedProcess("kappaflow service", self.home / "api.pid", (str(self.home),))
+
+    @property
+    def url(self) -> str:
+        return self.settings.api.url
+
+    @property
+    def log(self) -> Path:
+        return self.home / "api.log"
+
+    def status(self) -> ApiStatus:
+        proc = self.process.status()
+        return ApiStatus(proc.state, proc.pid, self.url, proc.started_at)
+
+    def argv(self) -> list[str]:
+        """The command line of the service: ``kappaflow api serve`` with the global
+        options of these settings (secrets stay in the environment or the file)."""
+        settings = self.settings
+        argv = [sys.executable, "-m", "kappaflow"]
+        if self.config_file is not None:
+            argv += ["--config", str(self.config_file.resolve())]
+        argv += ["--state-dir", str(settings.state_dir.resolve())]
+        if settings.kafka.bootstrap_servers is not None:
+            argv += ["--bootstrap-servers", settings.kafka.bootstrap_servers]
+        if settings.redis.url is not None:
+            argv += ["--redis-url", settings.redis.url]
+        argv += ["--spark-master", settings.spark.master]
+        # The home directory marks the process as this state directory's service.
+        return [*argv, "api", "serve", "--home", str(self.home)]
+
+    def start(self, *, timeout: float = START_TIMEOUT_S) -> bool:
+        """Start the service unless it runs; wait until it answers. False if it ran."""
+        if self.process.status().state is ProcState.RUNNING:
+            return False
+        self.process.clear_stale()
+        host, port = self.settings.api.host, self.settings.api.port
+        check_bind(host)
+        if port_in_use(host, port):
+            raise PortInUseError(
+                f"port {host}:{port} is already in use: stop what holds it or choose another "
+                "port (KAPPAFLOW_API__PORT)"
+            )
+        self.process.spawn(self.argv(), log_file=self.log)
+        pid = self.process.status().pid
+
+        def ready() -> bool | None:
+            if pid is None or self.process.exited(pid):
+                last = tail(self.log, 3)
+                raise ServiceExitedError(
+                    "the kappaflow service exited during start-up: " + (last[-1] if last else "?")
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/health", timeout=2) as answer:
+                    return True if answer.status == 200 else None
+            except (urllib.error.URLError, OSError):
+                return None
+
+        try:
+            wait_for(ready, timeout=timeout, interval=0.2, what="the kappaflow service to answer")
+        except TimeoutError:
+            self.stop()
+            raise ServiceStartTimeoutError(
+                f"the kappaflow service did not answer on {self.url} within {timeout:.0f}s"
+            ) from None
+        return True
+
+    def stop(self, *, timeout: float = STOP_TIMEOUT_S) -> bool:
+        self.process.clear_stale()
+        return self.process.stop(timeout=timeout)

@@ -1,0 +1,53 @@
+"""A job whose outputs the service's tests read back: views per page and 10 s window,
+and each user's latest view (a keyed stream), both in the serving store.
+
+Views are JSON objects on ``-P topic=...``::
+
+    {"user": "u1", "page": "/home", "at": "2026-11-23T10:00:03Z", "id": "v-1"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import kappaflow as kf
+
+
+@dataclass
+class View:
+    user: str
+    page: str
+    at: kf.EventTime
+    id: str
+
+
+@dataclass
+class LastView:
+    user: str
+    page: str
+    at: datetime
+    views: int
+
+
+@dataclass
+class Seen:
+    views: int = 0
+
+
+@kf.stateful(state=Seen, output=LastView)
+def last_view(
+    key: tuple[Any, ...], events: list[View], ctx: kf.StateContext[Seen]
+) -> Iterator[LastView]:
+    ctx.state.views += len(events)
+    last = max(events, key=lambda e: e.at)
+    yield LastView(last.user, last.page, last.at, ctx.state.views)
+
+
+def build(job: kf.Job) -> None:
+    views = job.source(job.param("topic"), View, key="user", id="id", watermark="5s")
+    pages = views.window(tumbling="10s").aggregate("pages", by="page", views=kf.count())
+    pages.to(kf.store())
+    views.process(last_view, by="user").to(kf.store(), name="last_view")

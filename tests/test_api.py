@@ -1,0 +1,297 @@
+"""The kappaflow service: its answers about a real job's results, its errors, and the
+process `kappaflow api` and `up` manage.
+
+One job (tests/support/served.py) counts views per page and 10 s window and keeps each
+user's latest view, both in the real serving store; the service is asked about them and
+its answers are checked against the views sent, computed here without the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from conftest import run_kappaflow
+from live_jobs import send_json, stop_if_running
+
+from kappaflow.api.app import create_app
+from kappaflow.errors import ApiBindRefusedError
+from kappaflow.kafka.topics import create_topic
+from kappaflow.procs import free_port
+from kappaflow.settings import Settings
+from kappaflow.timeutil import from_epoch_ms, iso
+from kappaflow.waiting import wait_for
+
+SUPPORT = Path(__file__).resolve().parent / "support"
+# A minute boundary: the 10 s windows line up with the views.
+BASE = 1_795_300_000_000 - 1_795_300_000_000 % 60_000
+VIEWS = [
+    {
+        "user": f"u{i % 3}",
+        "page": f"/p{i % 4}",
+        "at": iso(from_epoch_ms(BASE + i * 1500)),
+        "id": f"v{i}",
+    }
+    for i in range(24)
+]
+WINDOW_MS = 10_000
+#: The latest view is at BASE + 34.5 s and the watermark 5 s behind it: windows ending
+#: by BASE + 29.5 s are final.
+WATERMARK = BASE + 23 * 1500 - 5000
+
+
+def at(ms: int) -> str:
+    return iso(from_epoch_ms(ms))
+
+
+def expected_windows() -> dict[tuple[str, int], int]:
+    """Views per (page, window start), computed without the engine."""
+    counts: Counter[tuple[str, int]] = Counter()
+    for n, view in enumerate(VIEWS):
+        ts = BASE + n * 1500
+        counts[(view["page"], ts - ts % WINDOW_MS)] += 1
+    return dict(counts)
+
+
+@pytest.fixture(scope="module")
+def served(serving: Settings) -> Iterator[tuple[Settings, str]]:
+    """The job, run until every view is in both outputs."""
+    topic, job = f"views-{uuid.uuid4().hex[:8]}", f"served-{uuid.uuid4().hex[:8]}"
+    create_topic(serving.kafka, topic, partitions=2)
+    send_json(serving, topic, VIEWS, key="user")
+    env = {"PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
+    started = run_kappaflow(
+        serving, "jobs", "start", job, "--app", "served:build", "-P", f"topic={topic}", env=env
+    )
+    assert started.code == 0, started.err
+    try:
+        with serve(serving) as client:
+
+            def complete() -> bool | None:
+                outputs = client.get(f"/v1/jobs/{job}/outputs").json()["items"]
+                events = {o["output"]: o["stats"].get("events", 0) for o in outputs}
+                done = events.get("pages") == 24 and events.get("last_view") == 24
+                # The watermark the views made reaches the windows a batch later.
+                final = f"/v1/jobs/{job}/outputs/pages/windows?key=/p0&final=true"
+                return True if done and client.get(final).json()["items"] else None
+
+            wait_for(complete, timeout=240, interval=1, what=f"{job} to serve all 24 views")
+        yield serving, job
+    finally:
+        stop_if_running(serving, job)
+
+
+@contextmanager
+def serve(settings: Settings) -> Iterator[httpx.Client]:
+    """The service's application on a free port, in this process; a client of it."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or None, timeout=60, what="the service to listen")
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def api(served: tuple[Settings, str]) -> Iterator[httpx.Client]:
+    with serve(served[0]) as client:
+        yield client
+
+
+def items(answer: httpx.Response) -> list[dict[str, Any]]:
+    assert answer.status_code == 200, answer.text
+    found: list[dict[str, Any]] = answer.json()["items"]
+    return found
+
+
+def test_jobs_and_their_accounting(api: httpx.Client, served: tuple[Settings, str]) -> None:
+    _, job = served
+    listed = {j["name"]: j for j in items(api.get("/v1/jobs"))}
+    assert listed[job]["state"] == "running" and listed[job]["pipeline"] == "served:build"
+    status = api.get(f"/v1/jobs/{job}").json()
+    assert status["state"] == "running"
+    assert status["outputs"]["pages"]["events"] == 24
+    assert status["outputs"]["pages"]["events_read"] == 24
+    outputs = {o["output"]: o["stats"] for o in items(api.get(f"/v1/jobs/{job}/outputs"))}
+    assert set(outputs) == {"pages", "last_view"}
+    assert outputs["pages"]["duplicates"] == outputs["pages"]["late"] == 0
+
+
+def test_a_keys_windows_in_a_range_and_page_by_page(
+    api: httpx.Client, served: tuple[Settings, str]
+) -> None:
+    _, job = served
+    base = f"/v1/jobs/{job}/outputs/pages"
+    keys: list[Any] = items(api.get(f"{base}/keys"))
+    assert keys == [["/p0"], ["/p1"], ["/p2"], ["/p3"]]
+    wanted = expected_windows()
+    for page in ("/p0", "/p3"):
+        windows = items(api.get(f"{base}/windows", params={"key": page}))
+        assert [(w["window_start"], w["values"]["views"]) for w in windows] == [
+            (at(start), n) for (p, start), n in sorted(wanted.items()) if p == page
+        ]
+        assert [w["final"] for w in windows] == [
+            w["window_start"] <= at(WATERMARK - WINDOW_MS) for w in windows
+        ]
+    # The same windows a page of one at a time, following `next`; the key as JSON.
+    paged, cursor = [], None
+    while True:
+        params: dict[str, str | int] = {"key": '["/p1"]', "limit": 1}
+        if cursor is not None:
+            params["after"] = cursor
+        answer = api.get(f"{base}/windows", params=params).json()
+        paged += answer["items"]
+        cursor = answer["next"]
+        if cursor is None:
+            break
+    assert paged == items(api.get(f"{base}/windows", params={"key": "/p1"}))
+    assert len(paged) == 4
+    # A range of starts, and final windows only.
+    ranged = items(
+        api.get(
+            f"{base}/windows",
+            params={"key": "/p1", "from": at(BASE + 10_000), "to": at(BASE + 30_000)},
+        )
+    )
+    assert [w["window_start"] for w in ranged] == [at(BASE + 10_000), at(BASE + 20_000)]
+    final = items(api.get(f"{base}/windows", params={"key": "/p1", "final": "true"}))
+    assert [w["window_start"] for w in final] == [at(BASE), at(BASE + 10_000)]
+
+
+def test_the_latest_windows_and_the_top_keys_of_a_window(
+    api: httpx.Client, served: tuple[Settings, str]
+) -> None:
+    _, job = served
+    base = f"/v1/jobs/{job}/outputs/pages"
+    wanted = expected_windows()
+    newest = items(api.get(f"{base}/windows/latest", params={"limit": 3}))
+    last_start = max(start for _, start in wanted)
+    assert [(w["key"], w["window_start"]) for w in newest] == [
+        ([p], at(last_start)) for p in sorted(p for p, s in wanted if s == last_start)
+    ][:3]
+    start = BASE + 10_000
+    ranking: dict[str, str | int] = {"window_start": at(start), "field": "views", "limit": 2}
+    top = items(api.get(f"{base}/top", params=ranking))
+    ranked = sorted(((-n, p) for (p, s), n in wanted.items() if s == start))[:2]
+    assert [(w["key"], w["values"]["views"]) for w in top] == [([p], -m) for m, p in ranked]
+
+
+def test_a_keyed_streams_latest_record_per_key(
+    api: httpx.Client, served: tuple[Settings, str]
+) -> None:
+    _, job = served
+    rows = items(api.get(f"/v1/jobs/{job}/outputs/last_view/latest"))
+    last = {}
+    for n, view in enumerate(VIEWS):
+        last[view["user"]] = (view["page"], n)
+    assert [r["key"] for r in rows] == [["u0"], ["u1"], ["u2"]]
+    for row in rows:
+        user = row["key"][0]
+        page, n = last[user]
+        assert row["record"]["page"] == page
+        assert row["record"]["views"] == 8
+        assert row["record"]["at"] == at(BASE + n * 1500)
+    first = api.get(f"/v1/jobs/{job}/outputs/last_view/latest", params={"limit": 2}).json()
+    assert [r["key"] for r in first["items"]] == [["u0"], ["u1"]] and first["next"] == '["u1"]'
+    rest = items(
+        api.get(f"/v1/jobs/{job}/outputs/last_view/latest", params={"after": first["next"]})
+    )
+    assert [r["key"] for r in rest] == [["u2"]]
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status", "code"),
+    [
+        ("/v1/jobs/no-such-job", {}, 404, "KF601"),
+        ("/v1/jobs/no-such-job/outputs", {}, 404, "KF601"),
+        ("/v1/jobs/{job}/outputs/nothing/keys", {}, 404, "KF852"),
+        ("/v1/jobs/{job}/outputs/pages/windows", {"key": "[not json"}, 400, "KF851"),
+        ("/v1/jobs/{job}/outputs/pages/windows", {"key": "/p1", "from": "yesterday"}, 400, "KF851"),
+        ("/v1/jobs/{job}/outputs/pages/windows", {}, 400, "KF851"),
+        ("/v1/jobs/{job}/outputs/pages/keys", {"limit": "0"}, 400, "KF851"),
+        ("/v1/jobs/{job}/outputs/pages/keys", {"limit": "1001"}, 400, "KF851"),
+        ("/v1/jobs/{job}/outputs/pages/top", {"window_start": "soon"}, 400, "KF851"),
+        ("/v1/jobs/{job}/outputs/pages/top", {"window_start": "{start}"}, 400, "KF851"),
+        ("/v2/jobs", {}, 404, "KF853"),
+    ],
+)
+def test_bad_requests_get_a_code_and_their_status(
+    api: httpx.Client,
+    served: tuple[Settings, str],
+    path: str,
+    params: dict[str, str],
+    status: int,
+    code: str,
+) -> None:
+    given = {k: v.format(start=at(BASE)) for k, v in params.items()}  # "count": not there
+    answer = api.get(path.format(job=served[1]), params=given)
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert body["code"] == code and body["error"]
+    assert api.post("/v1/jobs").json()["code"] == "KF853"
+
+
+def test_the_openapi_description_lists_every_endpoint(api: httpx.Client) -> None:
+    paths = set(api.get("/openapi.json").json()["paths"])
+    assert paths == {
+        "/v1/health",
+        "/v1/jobs",
+        "/v1/jobs/{job}",
+        "/v1/jobs/{job}/outputs",
+        "/v1/jobs/{job}/outputs/{output}/keys",
+        "/v1/jobs/{job}/outputs/{output}/windows",
+        "/v1/jobs/{job}/outputs/{output}/windows/latest",
+        "/v1/jobs/{job}/outputs/{output}/top",
+        "/v1/jobs/{job}/outputs/{output}/latest",
+    }
+
+
+def test_api_start_status_stop_as_a_process(serving: Settings) -> None:
+    env = {"KAPPAFLOW_API__PORT": str(free_port())}
+    started = run_kappaflow(serving, "api", "start", env=env)
+    try:
+        assert started.code == 0, started.err
+        url = started.err.strip().rsplit(" ", 1)[-1]
+        assert started.err.startswith("api started on http://127.0.0.1:")
+        health = httpx.get(f"{url}/v1/health").json()
+        assert health["status"] == "ok" and health["serving_store"] is True
+        again = run_kappaflow(serving, "api", "start", env=env)
+        assert again.err.startswith("api already running")
+        status = json.loads(run_kappaflow(serving, "api", "status", "--json", env=env).out)
+        assert status["state"] == "running" and status["url"] == url
+        rows = run_kappaflow(serving, "status", "--json", env=env).lines()
+        assert {"service": "api", "state": "running"}.items() <= json.loads(rows[-1]).items()
+    finally:
+        stopped = run_kappaflow(serving, "api", "stop", env=env)
+    assert stopped.code == 0 and stopped.err.strip() == "api stopped"
+    status = json.loads(run_kappaflow(serving, "api", "status", "--json", env=env).out)
+    assert status["state"] == "stopped"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/v1/health")
+
+
+def test_listening_beyond_loopback_is_refused(serving: Settings) -> None:
+    env = {"KAPPAFLOW_API__HOST": "0.0.0.0", "KAPPAFLOW_API__PORT": str(free_port())}
+    refused = run_kappaflow(serving, "api", "start", env=env)
+    assert refused.code == 1
+    assert refused.err.startswith("kappaflow: error[KF854]: ") and "loopback" in refused.err
+    assert ApiBindRefusedError.code == "KF854"
+    status = json.loads(run_kappaflow(serving, "api", "status", "--json", env=env).out)
+    assert status["state"] == "stopped"

@@ -36,8 +36,11 @@ def own(tmp_path: Path) -> Iterator[Settings]:
 def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> None:
     # Kafka runs before the demo and keeps running; Redis and MQTT the demo starts and stops.
     assert EmbeddedBroker(own).start() is True
+    # A global option of the command reaches the job's driver.
     result = run_kappaflow(
         own,
+        "--spark-master",
+        "local[2]",
         "iot",
         "demo",
         "--devices",
@@ -52,6 +55,7 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
     )
     assert result.code == 0, result.err[-3000:]
     summary = json.loads(result.lines()[-1])
+    assert JobManager(own).get(JOB).overrides.spark_master == "local[2]"
     for path in ("http", "mqtt"):
         assert summary[path]["acknowledged"] > 1_000, summary
         assert summary[path]["lost"] == 0, summary

@@ -159,7 +159,14 @@ def demo_command(ctx: Context, devices: int, rate: float, duration: str | None, 
     seconds = parse_duration(duration).total_seconds() if duration is not None else None
     console = Console(stderr=True)
     summary = run_iot_demo(
-        ctx.settings, console, devices=devices, rate=rate, duration_s=seconds, port=port
+        ctx.settings,
+        console,
+        devices=devices,
+        rate=rate,
+        duration_s=seconds,
+        port=port,
+        overrides=ctx.overrides,
+        config_file=ctx.config_file,
     )
     json_line(summary)
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -45,7 +46,7 @@ from kappaflow.kafka.topics import (
 from kappaflow.mqtt.bridge import MqttBridge
 from kappaflow.procs import free_port, port_in_use
 from kappaflow.serving.client import redis_client
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.streams.backends import read_latest
 from kappaflow.streams.removal import remove_job
 from kappaflow.waiting import wait_for
@@ -155,8 +156,11 @@ def run_iot_demo(
     rate: float,
     duration_s: float | None,
     port: int = GATEWAY_PORT,
+    overrides: SettingsOverrides | None = None,
+    config_file: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the application until Ctrl-C or ``duration_s``; what was sent and seen."""
+    """Run the application until Ctrl-C or ``duration_s``; what was sent and seen.
+    ``overrides`` and ``config_file`` (the command's global options) reach the job."""
     say = console.print
     jobs = JobManager(settings)
     if port == 0 or port_in_use("127.0.0.1", port):
@@ -181,7 +185,10 @@ def run_iot_demo(
             say("MQTT bridges running")
             started: list[str] = []
             stack.callback(_stop_jobs, jobs, started, say)
-            _start_jobs(settings, jobs, started, say)
+            launch = functools.partial(
+                jobs.start, wait=False, overrides=overrides, config_file=config_file
+            )
+            _start_jobs(settings, jobs, started, say, launch)
             models = Models()
             stack.enter_context(
                 _in_thread(lambda stop: _follow_models(settings, models, stop), "models")
@@ -206,7 +213,11 @@ def _fresh(settings: Settings, jobs: JobManager) -> None:
 
 
 def _start_jobs(
-    settings: Settings, jobs: JobManager, started: list[str], say: Callable[[str], None]
+    settings: Settings,
+    jobs: JobManager,
+    started: list[str],
+    say: Callable[[str], None],
+    launch: Callable[[str, str, dict[str, str]], object],
 ) -> None:
     """Start the jobs side by side: their drivers take most of a minute each to start.
     A job refuses to start on a topic that does not exist, so the topics one job writes
@@ -218,7 +229,7 @@ def _start_jobs(
         kafka, MODELS, partitions=DEFAULT_PARTITIONS, configs=dict(COMPACTED), exist_ok=True
     )
     for name, app, params in JOBS:
-        jobs.start(name, app, params, wait=False)
+        launch(name, app, params)
         started.append(name)
     say(f"starting jobs {', '.join(started)} ...")
     for name in started:

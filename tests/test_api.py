@@ -25,11 +25,12 @@ from conftest import run_kappaflow
 from live_jobs import send_json, stop_if_running
 
 from kappaflow.api.app import create_app
+from kappaflow.api.server import settings_json
 from kappaflow.errors import ApiBindRefusedError
 from kappaflow.kafka.topics import create_topic
 from kappaflow.procs import free_port
-from kappaflow.settings import Settings
-from kappaflow.timeutil import from_epoch_ms, iso
+from kappaflow.settings import Settings, load_settings
+from kappaflow.timeutil import from_epoch_ms, iso, parse_time, to_epoch_ms
 from kappaflow.waiting import wait_for
 
 SUPPORT = Path(__file__).resolve().parent / "support"
@@ -44,6 +45,8 @@ VIEWS = [
     }
     for i in range(24)
 ]
+#: A fourth user with one early view: a latest record that is not ``regular``.
+VIEWS.append({"user": "u3", "page": "/p0", "at": iso(from_epoch_ms(BASE + 1000)), "id": "w-0"})
 WINDOW_MS = 10_000
 #: The latest view is at BASE + 34.5 s and the watermark 5 s behind it: windows ending
 #: by BASE + 29.5 s are final.
@@ -57,8 +60,8 @@ def at(ms: int) -> str:
 def expected_windows() -> dict[tuple[str, int], int]:
     """Views per (page, window start), computed without the engine."""
     counts: Counter[tuple[str, int]] = Counter()
-    for n, view in enumerate(VIEWS):
-        ts = BASE + n * 1500
+    for view in VIEWS:
+        ts = to_epoch_ms(parse_time(view["at"]))
         counts[(view["page"], ts - ts % WINDOW_MS)] += 1
     return dict(counts)
 
@@ -80,12 +83,12 @@ def served(serving: Settings) -> Iterator[tuple[Settings, str]]:
             def complete() -> bool | None:
                 outputs = client.get(f"/v1/jobs/{job}/outputs").json()["items"]
                 events = {o["output"]: o["stats"].get("events", 0) for o in outputs}
-                done = events.get("pages") == 24 and events.get("last_view") == 24
+                done = events.get("pages") == 25 and events.get("last_view") == 25
                 # The watermark the views made reaches the windows a batch later.
                 final = f"/v1/jobs/{job}/outputs/pages/windows?key=/p0&final=true"
                 return True if done and client.get(final).json()["items"] else None
 
-            wait_for(complete, timeout=240, interval=1, what=f"{job} to serve all 24 views")
+            wait_for(complete, timeout=240, interval=1, what=f"{job} to serve all 25 views")
         yield serving, job
     finally:
         stop_if_running(serving, job)
@@ -127,8 +130,8 @@ def test_jobs_and_their_accounting(api: httpx.Client, served: tuple[Settings, st
     assert listed[job]["state"] == "running" and listed[job]["pipeline"] == "served:build"
     status = api.get(f"/v1/jobs/{job}").json()
     assert status["state"] == "running"
-    assert status["outputs"]["pages"]["events"] == 24
-    assert status["outputs"]["pages"]["events_read"] == 24
+    assert status["outputs"]["pages"]["events"] == 25
+    assert status["outputs"]["pages"]["events_read"] == 25
     outputs = {o["output"]: o["stats"] for o in items(api.get(f"/v1/jobs/{job}/outputs"))}
     assert set(outputs) == {"pages", "last_view"}
     assert outputs["pages"]["duplicates"] == outputs["pages"]["late"] == 0
@@ -197,23 +200,27 @@ def test_a_keyed_streams_latest_record_per_key(
     api: httpx.Client, served: tuple[Settings, str]
 ) -> None:
     _, job = served
-    rows = items(api.get(f"/v1/jobs/{job}/outputs/last_view/latest"))
-    last = {}
-    for n, view in enumerate(VIEWS):
-        last[view["user"]] = (view["page"], n)
-    assert [r["key"] for r in rows] == [["u0"], ["u1"], ["u2"]]
+    latest = f"/v1/jobs/{job}/outputs/last_view/latest"
+    rows = items(api.get(latest))
+    last: dict[str, dict[str, Any]] = {}
+    for view in sorted(VIEWS, key=lambda v: v["at"]):
+        last[view["user"]] = view
+    seen = Counter(view["user"] for view in VIEWS)
+    assert [r["key"] for r in rows] == [["u0"], ["u1"], ["u2"], ["u3"]]
     for row in rows:
         user = row["key"][0]
-        page, n = last[user]
-        assert row["record"]["page"] == page
-        assert row["record"]["views"] == 8
-        assert row["record"]["at"] == at(BASE + n * 1500)
-    first = api.get(f"/v1/jobs/{job}/outputs/last_view/latest", params={"limit": 2}).json()
+        assert row["record"]["page"] == last[user]["page"]
+        assert row["record"]["at"] == last[user]["at"]
+        assert row["record"]["views"] == seen[user]
+        assert row["record"]["regular"] is (seen[user] >= 3)
+    first = api.get(latest, params={"limit": 2}).json()
     assert [r["key"] for r in first["items"]] == [["u0"], ["u1"]] and first["next"] == '["u1"]'
-    rest = items(
-        api.get(f"/v1/jobs/{job}/outputs/last_view/latest", params={"after": first["next"]})
-    )
-    assert [r["key"] for r in rest] == [["u2"]]
+    rest = api.get(latest, params={"after": first["next"]}).json()
+    assert [r["key"] for r in rest["items"]] == [["u2"], ["u3"]] and rest["next"] is None
+    # Only the records whose field is set (as open alerts are those with rules open).
+    regulars = items(api.get(latest, params={"has": "regular"}))
+    assert [r["key"] for r in regulars] == [["u0"], ["u1"], ["u2"]]
+    assert items(api.get(latest, params={"has": "no_such_field"})) == []
 
 
 @pytest.mark.parametrize(
@@ -285,6 +292,20 @@ def test_api_start_status_stop_as_a_process(serving: Settings) -> None:
     assert status["state"] == "stopped"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/v1/health")
+
+
+def test_the_service_gets_its_starters_settings_whole(tmp_path: Path) -> None:
+    """Settings given in code, not by flags or the environment, reach the service, a
+    secret included."""
+    given = load_settings(
+        state_dir=tmp_path,
+        redis={"port": 1234},
+        kafka={"sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p@ss"},
+        spark={"conf": {"spark.x": "1"}},
+    )
+    back = Settings.model_validate_json(settings_json(given))
+    assert back == given and back.kafka.sasl_password is not None
+    assert back.kafka.sasl_password.get_secret_value() == "p@ss"
 
 
 def test_listening_beyond_loopback_is_refused(serving: Settings) -> None:

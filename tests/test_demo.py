@@ -51,6 +51,7 @@ def test_demo_counts_page_views_and_stops_what_it_started(own: Settings) -> None
         "kafka": "stopped",
         "redis": "running",
         "mqtt": "stopped",
+        "api": "stopped",
     }
 
     store = CountStore(redis_client(own), "demo-views")

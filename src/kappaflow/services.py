@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final, Literal
 
 from kappaflow.api.server import EmbeddedApi
@@ -39,9 +38,9 @@ class ServiceRow:
         }
 
 
-def up(settings: Settings, config_file: Path | None = None) -> list[str]:
-    """Start every embedded service that is not running, then the kappaflow service (with
-    ``config_file``, the settings file the command was given); say what was done."""
+def up(settings: Settings) -> list[str]:
+    """Start every embedded service that is not running, then the kappaflow service; say
+    what was done."""
     done: list[str] = []
     if settings.kafka.embedded:
         broker = EmbeddedBroker(settings)
@@ -55,7 +54,7 @@ def up(settings: Settings, config_file: Path | None = None) -> list[str]:
         mqtt = EmbeddedMqtt(settings)
         started = mqtt.start()
         done.append(f"mqtt {'started' if started else 'already running'} on {mqtt.url}")
-    api = EmbeddedApi(settings, config_file)
+    api = EmbeddedApi(settings)
     started = api.start()
     done.append(f"api {'started' if started else 'already running'} on {api.url}")
     return done

@@ -30,6 +30,8 @@ class LastView:
     page: str
     at: datetime
     views: int
+    #: Three views or more.
+    regular: bool
 
 
 @dataclass
@@ -43,7 +45,7 @@ def last_view(
 ) -> Iterator[LastView]:
     ctx.state.views += len(events)
     last = max(events, key=lambda e: e.at)
-    yield LastView(last.user, last.page, last.at, ctx.state.views)
+    yield LastView(last.user, last.page, last.at, ctx.state.views, ctx.state.views >= 3)
 
 
 def build(job: kf.Job) -> None:

@@ -246,11 +246,20 @@ def create_app(settings: Settings) -> FastAPI:
         job: str,
         output: str,
         after: Annotated[str | None, Query(description="the last key of the page before")] = None,
+        has: Annotated[
+            str | None,
+            Query(description="only records whose field is set: true, non-zero, non-empty"),
+        ] = None,
         limit: Limit = 100,
     ) -> dict[str, Any]:
         known_output(job, output)
         rows, following = results.latest_records(
-            store, job, output, after=_key(after) if after is not None else None, limit=limit
+            store,
+            job,
+            output,
+            after=_key(after) if after is not None else None,
+            limit=limit,
+            has=has,
         )
         return {"items": rows, "next": following}
 

@@ -173,15 +173,24 @@ def top_keys(
 
 
 def latest_records(
-    client: redis.Redis, job: str, output: str, *, after: str | None, limit: int
+    client: redis.Redis,
+    job: str,
+    output: str,
+    *,
+    after: str | None,
+    limit: int,
+    has: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A keyed output's latest record per key, by key (JSON text) after ``after``; and
-    the key to page on from, or None at the end."""
+    """A keyed output's latest record per key, by key (JSON text) after ``after``, only
+    those whose field ``has`` is set (true, non-zero, non-empty) when given; and the key
+    to page on from, or None at the end."""
     held = client.hgetall(redis_prefix(job, output) + "latest")
-    ordered = sorted((_text(k), _text(v)) for k, v in held.items())
+    ordered = sorted((_text(k), json.loads(_text(v))) for k, v in held.items())
     if after is not None:
         ordered = [(k, v) for k, v in ordered if k > after]
+    if has is not None:
+        ordered = [(k, v) for k, v in ordered if isinstance(v, dict) and v.get(has)]
     page = ordered[:limit]
     more = len(ordered) > limit
-    rows = [{"key": json.loads(k), "record": json.loads(v)} for k, v in page]
+    rows = [{"key": json.loads(k), "record": v} for k, v in page]
     return rows, (page[-1][0] if more and page else None)

@@ -1,19 +1,25 @@
 """The kappaflow service as a background process: ``kappaflow api start | stop | status``.
 
-It is ``kappaflow api serve`` (uvicorn, in the foreground) started detached, with the
-global options that give it the starting command's settings; its pid file and log are
-under ``<state_dir>/api/``. It listens on ``api.host``:``api.port``, loopback by default;
+It is ``kappaflow api serve`` (uvicorn, in the foreground) started detached, given the
+starting command's settings, resolved, in its environment (``SETTINGS_ENV``, secrets
+included, as they would be in ``KAPPAFLOW_*`` variables); its pid file and log are under
+``<state_dir>/api/``. It listens on ``api.host``:``api.port``, loopback by default;
 until the service has tokens, an address other than loopback is refused.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
 
 from kappaflow.errors import (
     ApiBindRefusedError,
@@ -26,6 +32,8 @@ from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 
 START_TIMEOUT_S = 60.0
+#: The variable that hands the service its settings, as JSON.
+SETTINGS_ENV = "KF_SERVICE_SETTINGS"
 STOP_TIMEOUT_S = 15.0
 
 
@@ -35,6 +43,23 @@ class ApiStatus:
     pid: int | None
     url: str
     started_at: float | None
+
+
+def settings_json(settings: Settings) -> str:
+    """``settings`` as JSON that ``Settings.model_validate_json`` reads back whole."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    return json.dumps(plain(settings.model_dump()))
 
 
 def check_bind(host: str) -> None:
@@ -54,9 +79,8 @@ def check_bind(host: str) -> None:
 class EmbeddedApi:
     """The service this state directory runs."""
 
-    def __init__(self, settings: Settings, config_file: Path | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.config_file = config_file
         self.home = (settings.state_dir / "api").resolve()
         self.process = ManagedProcess("kappaflow service", self.home / "api.pid", (str(self.home),))
 
@@ -73,20 +97,9 @@ class EmbeddedApi:
         return ApiStatus(proc.state, proc.pid, self.url, proc.started_at)
 
     def argv(self) -> list[str]:
-        """The command line of the service: ``kappaflow api serve`` with the global
-        options of these settings (secrets stay in the environment or the file)."""
-        settings = self.settings
-        argv = [sys.executable, "-m", "kappaflow"]
-        if self.config_file is not None:
-            argv += ["--config", str(self.config_file.resolve())]
-        argv += ["--state-dir", str(settings.state_dir.resolve())]
-        if settings.kafka.bootstrap_servers is not None:
-            argv += ["--bootstrap-servers", settings.kafka.bootstrap_servers]
-        if settings.redis.url is not None:
-            argv += ["--redis-url", settings.redis.url]
-        argv += ["--spark-master", settings.spark.master]
+        """The service's command line; its settings travel in its environment."""
         # The home directory marks the process as this state directory's service.
-        return [*argv, "api", "serve", "--home", str(self.home)]
+        return [sys.executable, "-m", "kappaflow", "api", "serve", "--home", str(self.home)]
 
     def start(self, *, timeout: float = START_TIMEOUT_S) -> bool:
         """Start the service unless it runs; wait until it answers. False if it ran."""
@@ -100,7 +113,8 @@ class EmbeddedApi:
                 f"port {host}:{port} is already in use: stop what holds it or choose another "
                 "port (KAPPAFLOW_API__PORT)"
             )
-        self.process.spawn(self.argv(), log_file=self.log)
+        env = {**os.environ, SETTINGS_ENV: settings_json(self.settings)}
+        self.process.spawn(self.argv(), log_file=self.log, env=env)
         pid = self.process.status().pid
 
         def ready() -> bool | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -21,7 +22,7 @@ def start(ctx: Context) -> None:
     """Start the service in the background and wait until it answers."""
     from kappaflow.api.server import EmbeddedApi
 
-    service = EmbeddedApi(ctx.settings, ctx.config_file)
+    service = EmbeddedApi(ctx.settings)
     started = service.start()
     say(f"api {'started' if started else 'already running'} on {service.url}")
 
@@ -32,7 +33,7 @@ def stop(ctx: Context) -> None:
     """Stop the service."""
     from kappaflow.api.server import EmbeddedApi
 
-    stopped = EmbeddedApi(ctx.settings, ctx.config_file).stop()
+    stopped = EmbeddedApi(ctx.settings).stop()
     say("api stopped" if stopped else "api was not running")
 
 
@@ -43,7 +44,7 @@ def status(ctx: Context, as_json: bool) -> None:
     """Whether the service runs, its pid and address."""
     from kappaflow.api.server import EmbeddedApi
 
-    found = EmbeddedApi(ctx.settings, ctx.config_file).status()
+    found = EmbeddedApi(ctx.settings).status()
     row = {
         "state": found.state.value,
         "pid": found.pid,
@@ -68,9 +69,11 @@ def serve(ctx: Context, home: Path | None) -> None:
     import uvicorn
 
     from kappaflow.api.app import create_app
-    from kappaflow.api.server import check_bind
+    from kappaflow.api.server import SETTINGS_ENV, check_bind
+    from kappaflow.settings import Settings
 
-    settings = ctx.settings
+    given = os.environ.get(SETTINGS_ENV)
+    settings = Settings.model_validate_json(given) if given else ctx.settings
     check_bind(settings.api.host)
     say(f"kappaflow service on {settings.api.url} (Ctrl-C stops it)")
     config = uvicorn.Config(

@@ -191,7 +191,7 @@ mqtt = _url_service(
 def up(ctx: Context) -> None:
     """Start every embedded service (Kafka, Redis, MQTT) and the kappaflow service (the
     HTTP API) where they are not running."""
-    for line in svc.up(ctx.settings, ctx.config_file):
+    for line in svc.up(ctx.settings):
         say(line)
 
 

@@ -229,6 +229,7 @@ def test_a_keyed_streams_latest_record_per_key(
         ("/v1/jobs/no-such-job", {}, 404, "KF601"),
         ("/v1/jobs/no-such-job/outputs", {}, 404, "KF601"),
         ("/v1/jobs/{job}/outputs/nothing/keys", {}, 404, "KF852"),
+        ("/v1/jobs/{job}/outputs/pages/windows", {"key": "/nowhere"}, 404, "KF855"),
         ("/v1/jobs/{job}/outputs/pages/windows", {"key": "[not json"}, 400, "KF851"),
         ("/v1/jobs/{job}/outputs/pages/windows", {"key": "/p1", "from": "yesterday"}, 400, "KF851"),
         ("/v1/jobs/{job}/outputs/pages/windows", {}, 400, "KF851"),

@@ -741,6 +741,13 @@ class UnknownOutputError(ApiError, LookupError):
     status = 404
 
 
+class UnknownKeyError(ApiError, LookupError):
+    """The output has no windows for that key."""
+
+    code = "KF855"
+    status = 404
+
+
 class ApiPathNotFoundError(ApiError, LookupError):
     """No endpoint at that path (or not for that method)."""
 

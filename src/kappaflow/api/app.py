@@ -37,6 +37,7 @@ from kappaflow.errors import (
     ApiError,
     ApiPathNotFoundError,
     KappaflowError,
+    UnknownKeyError,
     UnknownOutputError,
 )
 from kappaflow.jobs.manager import JobManager
@@ -191,6 +192,11 @@ def create_app(settings: Settings) -> FastAPI:
         limit: Limit = 100,
     ) -> dict[str, Any]:
         known_output(job, output)
+        wanted = _key(key)
+        if not results.has_key(store, job, output, wanted):
+            raise UnknownKeyError(
+                f"output {output!r} of job {job!r} has no windows for the key {wanted}"
+            )
         lower = _instant(start_from, "from")
         if after is not None:
             cursor = _moment(after, "after")
@@ -199,7 +205,7 @@ def create_app(settings: Settings) -> FastAPI:
             store,
             job,
             output,
-            _key(key),
+            wanted,
             start_from=lower,
             start_before=_instant(start_to, "to"),
             final_only=final,

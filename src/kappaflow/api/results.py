@@ -80,6 +80,11 @@ def keys(client: redis.Redis, job: str, output: str) -> list[str]:
     return sorted(_text(k) for k in client.smembers(redis_prefix(job, output) + "keys"))
 
 
+def has_key(client: redis.Redis, job: str, output: str, key: str) -> bool:
+    """Whether the output has windows for ``key`` (JSON text)."""
+    return bool(client.sismember(redis_prefix(job, output) + "keys", key))
+
+
 def windows(
     client: redis.Redis,
     job: str,

@@ -138,7 +138,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     def known_output(job: str, output: str) -> None:
         known_job(job)
-        if output not in results.outputs(store, job):
+        if not results.has_output(store, job, output):
             raise UnknownOutputError(
                 f"job {job!r} has no output {output!r} in the serving store "
                 f"(its outputs: {', '.join(results.outputs(store, job)) or 'none yet'})"

@@ -11,11 +11,12 @@ Keys are JSON arrays of the output's key columns (``["/home"]``, ``["dev-1",
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from kappaflow.errors import ApiBadRequestError
 from kappaflow.streams.backends import redis_prefix
@@ -61,6 +62,12 @@ def outputs(client: redis.Redis, job: str) -> list[str]:
         if part in ("stats", "keys", "latest"):
             found.add(output)
     return sorted(found)
+
+
+def has_output(client: redis.Redis, job: str, output: str) -> bool:
+    """Whether ``output`` of ``job`` has written to the store (without a scan)."""
+    prefix = redis_prefix(job, output)
+    return bool(client.exists(prefix + "stats", prefix + "keys", prefix + "latest"))
 
 
 def _escape(pattern: str) -> str:
@@ -124,17 +131,25 @@ def _window(key: str, start: int, text: str) -> Window:
     )
 
 
-def _every_window(client: redis.Redis, job: str, output: str) -> Iterable[Window]:
+def _per_key(
+    client: redis.Redis, job: str, output: str, read: Callable[[Pipeline, str], object]
+) -> Iterable[tuple[str, Any]]:
+    """Each key of the output (JSON text) with what ``read`` asks of its windows' hash,
+    ``_BATCH`` keys a round trip."""
     prefix = redis_prefix(job, output) + "w:"
     names = keys(client, job, output)
     for low in range(0, len(names), _BATCH):
         chunk = names[low : low + _BATCH]
         pipe = client.pipeline(transaction=False)
         for key in chunk:
-            pipe.hgetall(prefix + key)
-        for key, fields in zip(chunk, pipe.execute(), strict=True):
-            for start, value in fields.items():
-                yield _window(key, int(_text(start)), _text(value))
+            read(pipe, prefix + key)
+        yield from zip(chunk, pipe.execute(), strict=True)
+
+
+def _every_window(client: redis.Redis, job: str, output: str) -> Iterable[Window]:
+    for key, fields in _per_key(client, job, output, lambda pipe, name: pipe.hgetall(name)):
+        for start, value in fields.items():
+            yield _window(key, int(_text(start)), _text(value))
 
 
 def latest_windows(
@@ -153,17 +168,14 @@ def top_keys(
     """The window starting at ``start`` of the ``limit`` keys with the largest
     ``values[field]`` (ties by key); ApiBadRequestError when the window's values have
     no such number."""
-    prefix = redis_prefix(job, output) + "w:"
-    names = keys(client, job, output)
-    found: list[Window] = []
-    for low in range(0, len(names), _BATCH):
-        chunk = names[low : low + _BATCH]
-        pipe = client.pipeline(transaction=False)
-        for key in chunk:
-            pipe.hget(prefix + key, str(start))
-        for key, value in zip(chunk, pipe.execute(), strict=True):
-            if value is not None:
-                found.append(_window(key, start, _text(value)))
+    field_name = str(start)
+    found = [
+        _window(key, start, _text(value))
+        for key, value in _per_key(
+            client, job, output, lambda pipe, name: pipe.hget(name, field_name)
+        )
+        if value is not None
+    ]
     ranked = [w for w in found if isinstance(w.values.get(field), int | float)]
     if found and not ranked:
         numeric = sorted(

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from kappaflow import __version__
-from kappaflow.cli import api, count, data, demo, iot, jobs, services, topics
+from kappaflow.cli import api as _api_serve  # noqa: F401 (adds `api serve`)
+from kappaflow.cli import count, data, demo, iot, jobs, services, topics
 from kappaflow.cli.context import Context, settings_options
 
 
@@ -41,6 +42,5 @@ for _command in (
     jobs.jobs,
     *count.COMMANDS,
     *iot.COMMANDS,
-    *api.COMMANDS,
 ):
     cli.add_command(_command)

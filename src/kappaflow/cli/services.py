@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 import click
 
 from kappaflow import services as svc
+from kappaflow.api.server import EmbeddedApi
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import iso_from_epoch_s, json_line, say, table
 from kappaflow.errors import ExternalServiceError
@@ -128,7 +129,7 @@ def _url_service(
     name: str,
     what: str,
     summary: str,
-    embedded: Callable[[Context], EmbeddedRedis | EmbeddedMqtt],
+    embedded: Callable[[Context], EmbeddedRedis | EmbeddedMqtt | EmbeddedApi],
     ready: str,
     keeps: str,
 ) -> click.Group:
@@ -184,6 +185,14 @@ mqtt = _url_service(
     "accepts a connection",
     "mosquitto keeps its sessions and queued messages on disk",
 )
+api = _url_service(
+    "api",
+    "the kappaflow service",
+    "The kappaflow service: jobs, their status and results over HTTP (docs/api.md).",
+    lambda ctx: EmbeddedApi(ctx.settings),
+    "answers",
+    "jobs and their results are kept by the jobs and the serving store",
+)
 
 
 @click.command()
@@ -220,4 +229,4 @@ def status(ctx: Context, as_json: bool) -> None:
         )
 
 
-COMMANDS = (setup, kafka, redis, mqtt, up, down, status)
+COMMANDS = (setup, kafka, redis, mqtt, api, up, down, status)

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -265,6 +266,16 @@ def start_clean_job(
         f"dest={dest}",
         *params,
     )
+
+
+@pytest.fixture(scope="session")
+def served(serving: Settings) -> Iterator[Any]:
+    """The service's test job (tests/support/served.py), running: once per test worker,
+    shared by every test of the service (tests/support/service.py)."""
+    from service import run_served
+
+    with run_served(serving) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

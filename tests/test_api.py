@@ -9,112 +9,34 @@ its answers are checked against the views sent, computed here without the engine
 from __future__ import annotations
 
 import json
-import os
-import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from conftest import run_kappaflow
-from live_jobs import send_json, stop_if_running
+from service import (
+    BASE,
+    VIEWS,
+    WATERMARK,
+    WINDOW_MS,
+    Served,
+    at,
+    expected_windows,
+    serve,
+)
 
-from kappaflow.api.app import create_app
 from kappaflow.api.server import settings_json
 from kappaflow.errors import ApiBindRefusedError
-from kappaflow.kafka.topics import create_topic
 from kappaflow.procs import free_port
 from kappaflow.settings import Settings, load_settings
-from kappaflow.timeutil import from_epoch_ms, iso, parse_time, to_epoch_ms
-from kappaflow.waiting import wait_for
-
-SUPPORT = Path(__file__).resolve().parent / "support"
-# A minute boundary: the 10 s windows line up with the views.
-BASE = 1_795_300_000_000 - 1_795_300_000_000 % 60_000
-VIEWS = [
-    {
-        "user": f"u{i % 3}",
-        "page": f"/p{i % 4}",
-        "at": iso(from_epoch_ms(BASE + i * 1500)),
-        "id": f"v{i}",
-    }
-    for i in range(24)
-]
-#: A fourth user with one early view: a latest record that is not ``regular``.
-VIEWS.append({"user": "u3", "page": "/p0", "at": iso(from_epoch_ms(BASE + 1000)), "id": "w-0"})
-WINDOW_MS = 10_000
-#: The latest view is at BASE + 34.5 s and the watermark 5 s behind it: windows ending
-#: by BASE + 29.5 s are final.
-WATERMARK = BASE + 23 * 1500 - 5000
-
-
-def at(ms: int) -> str:
-    return iso(from_epoch_ms(ms))
-
-
-def expected_windows() -> dict[tuple[str, int], int]:
-    """Views per (page, window start), computed without the engine."""
-    counts: Counter[tuple[str, int]] = Counter()
-    for view in VIEWS:
-        ts = to_epoch_ms(parse_time(view["at"]))
-        counts[(view["page"], ts - ts % WINDOW_MS)] += 1
-    return dict(counts)
 
 
 @pytest.fixture(scope="module")
-def served(serving: Settings) -> Iterator[tuple[Settings, str]]:
-    """The job, run until every view is in both outputs."""
-    topic, job = f"views-{uuid.uuid4().hex[:8]}", f"served-{uuid.uuid4().hex[:8]}"
-    create_topic(serving.kafka, topic, partitions=2)
-    send_json(serving, topic, VIEWS, key="user")
-    env = {"PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
-    started = run_kappaflow(
-        serving, "jobs", "start", job, "--app", "served:build", "-P", f"topic={topic}", env=env
-    )
-    assert started.code == 0, started.err
-    try:
-        with serve(serving) as client:
-
-            def complete() -> bool | None:
-                outputs = client.get(f"/v1/jobs/{job}/outputs").json()["items"]
-                events = {o["output"]: o["stats"].get("events", 0) for o in outputs}
-                done = events.get("pages") == 25 and events.get("last_view") == 25
-                # The watermark the views made reaches the windows a batch later.
-                final = f"/v1/jobs/{job}/outputs/pages/windows?key=/p0&final=true"
-                return True if done and client.get(final).json()["items"] else None
-
-            wait_for(complete, timeout=240, interval=1, what=f"{job} to serve all 25 views")
-        yield serving, job
-    finally:
-        stop_if_running(serving, job)
-
-
-@contextmanager
-def serve(settings: Settings) -> Iterator[httpx.Client]:
-    """The service's application on a free port, in this process; a client of it."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started or None, timeout=60, what="the service to listen")
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def api(served: tuple[Settings, str]) -> Iterator[httpx.Client]:
-    with serve(served[0]) as client:
+def api(served: Served) -> Iterator[httpx.Client]:
+    with serve(served.settings) as client:
         yield client
 
 
@@ -124,23 +46,27 @@ def items(answer: httpx.Response) -> list[dict[str, Any]]:
     return found
 
 
-def test_jobs_and_their_accounting(api: httpx.Client, served: tuple[Settings, str]) -> None:
-    _, job = served
+def test_jobs_and_their_accounting(api: httpx.Client, served: Served) -> None:
+    job = served.job
     listed = {j["name"]: j for j in items(api.get("/v1/jobs"))}
     assert listed[job]["state"] == "running" and listed[job]["pipeline"] == "served:build"
     status = api.get(f"/v1/jobs/{job}").json()
     assert status["state"] == "running"
     assert status["outputs"]["pages"]["events"] == 25
     assert status["outputs"]["pages"]["events_read"] == 25
+    # The plan its driver recorded: where each output goes.
+    sinks = {o["name"]: o["sinks"] for o in status["plan"]["outputs"]}
+    assert {"kafka": f"{job}.pages"}.items() <= sinks["pages"][1].items()
+    lake = Path(sinks["last_view"][1]["location"])
+    assert lake == Path(served.settings.lake_root) / job / "last_view" and lake.is_dir()
     outputs = {o["output"]: o["stats"] for o in items(api.get(f"/v1/jobs/{job}/outputs"))}
-    assert set(outputs) == {"pages", "last_view"}
+    # ``clicks`` reads the live topic, which the push tests add to.
+    assert {"pages", "last_view"} <= set(outputs)
     assert outputs["pages"]["duplicates"] == outputs["pages"]["late"] == 0
 
 
-def test_a_keys_windows_in_a_range_and_page_by_page(
-    api: httpx.Client, served: tuple[Settings, str]
-) -> None:
-    _, job = served
+def test_a_keys_windows_in_a_range_and_page_by_page(api: httpx.Client, served: Served) -> None:
+    job = served.job
     base = f"/v1/jobs/{job}/outputs/pages"
     keys: list[Any] = items(api.get(f"{base}/keys"))
     assert keys == [["/p0"], ["/p1"], ["/p2"], ["/p3"]]
@@ -178,10 +104,8 @@ def test_a_keys_windows_in_a_range_and_page_by_page(
     assert [w["window_start"] for w in final] == [at(BASE), at(BASE + 10_000)]
 
 
-def test_the_latest_windows_and_the_top_keys_of_a_window(
-    api: httpx.Client, served: tuple[Settings, str]
-) -> None:
-    _, job = served
+def test_the_latest_windows_and_the_top_keys_of_a_window(api: httpx.Client, served: Served) -> None:
+    job = served.job
     base = f"/v1/jobs/{job}/outputs/pages"
     wanted = expected_windows()
     newest = items(api.get(f"{base}/windows/latest", params={"limit": 3}))
@@ -196,10 +120,8 @@ def test_the_latest_windows_and_the_top_keys_of_a_window(
     assert [(w["key"], w["values"]["views"]) for w in top] == [([p], -m) for m, p in ranked]
 
 
-def test_a_keyed_streams_latest_record_per_key(
-    api: httpx.Client, served: tuple[Settings, str]
-) -> None:
-    _, job = served
+def test_a_keyed_streams_latest_record_per_key(api: httpx.Client, served: Served) -> None:
+    job = served.job
     latest = f"/v1/jobs/{job}/outputs/last_view/latest"
     rows = items(api.get(latest))
     last: dict[str, dict[str, Any]] = {}
@@ -242,14 +164,14 @@ def test_a_keyed_streams_latest_record_per_key(
 )
 def test_bad_requests_get_a_code_and_their_status(
     api: httpx.Client,
-    served: tuple[Settings, str],
+    served: Served,
     path: str,
     params: dict[str, str],
     status: int,
     code: str,
 ) -> None:
     given = {k: v.format(start=at(BASE)) for k, v in params.items()}  # "count": not there
-    answer = api.get(path.format(job=served[1]), params=given)
+    answer = api.get(path.format(job=served.job), params=given)
     assert answer.status_code == status, answer.text
     body = answer.json()
     assert body["code"] == code and body["error"]

@@ -1,7 +1,11 @@
-"""A job whose outputs the service's tests read back: views per page and 10 s window,
-and each user's latest view (a keyed stream), both in the serving store.
+"""A job whose outputs the service's tests read back.
 
-Views are JSON objects on ``-P topic=...``::
+From the views on ``-P topic=...`` (a fixed set the tests know): views per page and 10 s
+window (``pages``: the serving store, its changelog topic and the lake table ``pages``)
+and each user's latest view (``last_view``: a keyed stream, the serving store and the
+lake table ``last_view``). From the views on ``-P live=...``, which tests add to while
+the job runs: ``clicks``, views per page and 10 s window, in the serving store and its
+changelog topic. Views are JSON objects::
 
     {"user": "u1", "page": "/home", "at": "2026-11-23T10:00:03Z", "id": "v-1"}
 """
@@ -51,5 +55,9 @@ def last_view(
 def build(job: kf.Job) -> None:
     views = job.source(job.param("topic"), View, key="user", id="id", watermark="5s")
     pages = views.window(tumbling="10s").aggregate("pages", by="page", views=kf.count())
-    pages.to(kf.store())
-    views.process(last_view, by="user").to(kf.store(), name="last_view")
+    pages.to(kf.store(), kf.topic(), kf.lake("pages"))
+    latest = views.process(last_view, by="user")
+    latest.to(kf.store(), kf.lake("last_view"), name="last_view")
+    live = job.source(job.param("live"), View, key="user", id="id", watermark="5s")
+    clicks = live.window(tumbling="10s").aggregate("clicks", by="page", views=kf.count())
+    clicks.to(kf.store(), kf.topic())

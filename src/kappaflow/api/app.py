@@ -127,11 +127,14 @@ def create_app(settings: Settings) -> FastAPI:
             ]
         }
 
-    @app.get("/v1/jobs/{job}", summary="A job's record, its outputs' accounting and progress.")
+    @app.get(
+        "/v1/jobs/{job}",
+        summary="A job's record, its outputs' accounting and progress, and its plan.",
+    )
     def job_status(job: str) -> dict[str, Any]:
         from kappaflow.streams.status import job_status
 
-        return job_status(settings, job)
+        return {**job_status(settings, job), "plan": jobs.plan(job)}
 
     def known_job(job: str) -> None:
         jobs.get(job)  # JobNotFoundError (KF601, 404) for a job never started

@@ -46,6 +46,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 #: (runner.PART_START_TIMEOUT_S, 150 s).
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
+#: The job's plan as its driver declared it (``streams.runtime.describe``); a part's
+#: driver writes ``plan.PART.json`` beside it.
+PLAN = "plan.json"
 
 
 class JobState(StrEnum):
@@ -277,6 +280,20 @@ class JobManager:
             except (FileNotFoundError, json.JSONDecodeError):
                 continue
         return found
+
+    def plan(self, name: str) -> dict[str, Any]:
+        """The job's sources, tables and outputs as its drivers declared them when they
+        last started (empty lists for a job that records none)."""
+        merged: dict[str, Any] = {"job": name, "sources": [], "tables": [], "outputs": []}
+        home = self.job_dir(name)
+        for path in [home / PLAN, *sorted(home.glob("plan.*.json"))]:
+            try:
+                plan = json.loads(path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue
+            for part in ("sources", "tables", "outputs"):
+                merged[part] += plan.get(part, [])
+        return merged
 
     def log_lines(self, name: str, lines: int = 50) -> list[str]:
         self.get(name)

@@ -3,10 +3,13 @@ Redis and the lake out."""
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.errors import TopicNotFoundError
+from kappaflow.jobs.manager import PLAN, write_atomically
 from kappaflow.jobs.pipeline import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.serving.client import redis_client
@@ -21,6 +24,7 @@ from kappaflow.streams.runtime import (
     Backends,
     Build,
     declare,
+    describe,
     lake_paths,
     start_outputs,
     topic_configs,
@@ -93,6 +97,11 @@ def start_app(
         trigger_ms=settings.spark.trigger_interval_ms,
     )
     record_plan(job, fs)
+    plan_file = PLAN if ctx.part is None else f"plan.{ctx.part}.json"
+    write_atomically(
+        settings.jobs_dir / ctx.name / plan_file,
+        json.dumps(describe(job, settings.lake_root), indent=2) + "\n",
+    )
     return start_outputs(
         job,
         reader,

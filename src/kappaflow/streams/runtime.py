@@ -375,8 +375,9 @@ def _lake_path(table: str, job: str, root: str) -> str:
     return f"{root.rstrip('/')}/{job}/{table}"
 
 
-def describe(job: Job) -> dict[str, Any]:
-    """The job's plan: sources, outputs, their sinks and what each guarantees."""
+def describe(job: Job, lake_root: str | None = None) -> dict[str, Any]:
+    """The job's plan: sources, outputs, their sinks and what each guarantees; with
+    ``lake_root``, each lake table's location too."""
     outputs = []
     for output in job.outputs:
         sinks: list[dict[str, Any]] = []
@@ -396,14 +397,15 @@ def describe(job: Job) -> dict[str, Any]:
                     }
                 )
             else:
-                sinks.append(
-                    {
-                        "parquet": sink.table,
-                        "partition_by": list(sink.partition_by),
-                        "by_date": sink.by_date,
-                        "guarantee": "exactly once for readers of committed files",
-                    }
-                )
+                lake: dict[str, Any] = {
+                    "parquet": sink.table,
+                    "partition_by": list(sink.partition_by),
+                    "by_date": sink.by_date,
+                    "guarantee": "exactly once for readers of committed files",
+                }
+                if lake_root is not None:
+                    lake["location"] = _lake_path(sink.table, job.name, lake_root)
+                sinks.append(lake)
         entry: dict[str, Any] = {
             "name": output.name,
             "source": output.stream.source.topic,

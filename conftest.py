@@ -70,19 +70,58 @@ SLOW_FILES = {
     "test_session_windows.py": 80,
     "test_demo.py": 70,
 }
+#: The files whose tests use the service's test job (``served``): make test gives them
+#: to one worker together, so that the job runs once, not on every worker; their tests'
+#: seconds together are their weight.
+SERVED_FILES = frozenset(
+    {
+        "test_api.py",
+        "test_api_push.py",
+        "test_api_sql.py",
+        "test_api_metrics.py",
+        "test_api_topics.py",
+        "test_dashboard.py",
+    }
+)
+SERVED_WEIGHT = 260
+
+
+def _weight(item: pytest.Item) -> int:
+    if item.path.name in SERVED_FILES:
+        return SERVED_WEIGHT
+    return SLOW_FILES.get(item.path.name, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Stable: each file's tests keep their order.
-    items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))
+    items.sort(key=lambda item: -_weight(item))
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
+        if "served" in fixtures and item.path.name not in SERVED_FILES:
+            raise pytest.UsageError(
+                f"{item.path.name} uses the fixture `served`: add it to SERVED_FILES"
+            )
         if "peer_engines" in fixtures and item.get_closest_marker("peers") is None:
             item.add_marker(pytest.mark.peers)
         if SERVICE_FIXTURES & fixtures and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration)
         if not any(item.get_closest_marker(m) for m in ("integration", "peers")):
             item.add_marker(pytest.mark.unit)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadfile``: whole files to each worker, SERVED_FILES as one."""
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    if config.getoption("dist") != "loadfile":
+        return None
+
+    class Scheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            scope = str(super()._split_scope(nodeid))
+            return "served-files" if Path(scope).name in SERVED_FILES else scope
+
+    return Scheduling(config, log)
 
 
 def is_loopback(ip: str) -> bool:

@@ -11,6 +11,7 @@ from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
+from kappaflow.api.results import latest_records
 from kappaflow.iot import alerts
 from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.topics import create_topic
@@ -91,12 +92,18 @@ def test_open_alerts_are_kept_in_redis_on_the_broker(
         record = read_latest(store, name, "alerts").get(("d1", "cpu_temp"))
         return None if record is None else list(record["open"])
 
+    def served_open() -> list[Any]:
+        """The open alerts as the service answers them (``.../alerts/latest?has=open``)."""
+        rows, _ = latest_records(store, name, "alerts", after=None, limit=100, has="open")
+        return [(row["key"], row["record"]["open"]) for row in rows]
+
     try:
         wait_for(
             lambda: True if open_rules() == ["anomaly"] else None,
             timeout=180,
             what="the alert open in Redis",
         )
+        assert served_open() == [(["d1", "cpu_temp"], ["anomaly"])]
         calm = [scored("d1", "cpu_temp", m, 50.0, 0.1) for m in range(4, 9)]
         send_json(serving, source, calm, key="device")
         wait_for(
@@ -104,6 +111,7 @@ def test_open_alerts_are_kept_in_redis_on_the_broker(
             timeout=180,
             what="the alert resolved in Redis",
         )
+        assert served_open() == []
     finally:
         for query in queries:
             query.stop()

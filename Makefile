@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
-.PHONY: setup demo test test-peers check lint format bench bench-scale clean prereqs
+.PHONY: setup test-setup demo test test-peers check lint format bench bench-scale clean prereqs
 
 setup: $(VENV_STAMP)
 	@$(BIN)/kappaflow --state-dir $(STATE_DIR) setup
@@ -28,6 +28,11 @@ $(VENV_STAMP): pyproject.toml benchmarks/pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,mqtt]' -e benchmarks
 	@touch $@
+
+# What the tests need beyond setup: Debian's Chromium for the dashboard's browser tests,
+# installed with apt-get when this runs as root; otherwise it stops and says what to run.
+test-setup: setup
+	@$(BIN)/python -m kappaflow.install.browser
 
 demo: setup
 	$(BIN)/kappaflow --state-dir $(STATE_DIR) iot demo
@@ -44,7 +49,7 @@ format: $(VENV_STAMP)
 # Everything the README promises: unit and integration (real broker, Redis, Spark). The
 # benchmark's peer engines (Flink, Quix Streams) have a tier of their own, test-peers:
 # their end-to-end runs take minutes and install the peers on first use.
-test: setup lint
+test: test-setup lint
 	$(BIN)/pytest -m "not peers" -n $(TEST_WORKERS) --dist loadfile
 
 # The benchmark's peer engines run end to end and are checked, as make bench runs them.

@@ -11,6 +11,7 @@ import pytest
 from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow import services
+from kappaflow.api.server import EmbeddedApi
 from kappaflow.iot.demo import JOB, MODELS
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.broker import EmbeddedBroker
@@ -64,10 +65,12 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
     assert summary["models"] > 0 and summary["model_version"] >= 1, summary
     # The panel was drawn, with its figures.
     assert "devices online" in result.err and "latest model version" in result.err
+    assert f"dashboard on {own.api.url}/" in result.err
     # Models were published to the demo's compacted topic while it ran.
     assert any(True for _ in read_records(own.kafka, MODELS, start=StartAt(beginning=True)))
     # Everything the demo started is stopped; what ran before runs on.
     assert JobManager(own).get_state(JOB) == "stopped"
     assert EmbeddedRedis(own).status().state is ProcState.STOPPED
     assert EmbeddedMqtt(own).status().state is ProcState.STOPPED
+    assert EmbeddedApi(own).status().state is ProcState.STOPPED
     assert EmbeddedBroker(own).status().state is ProcState.RUNNING

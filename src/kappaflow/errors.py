@@ -762,6 +762,127 @@ class ApiBindRefusedError(ApiError):
     status = 500
 
 
+# KF86x: SQL over the lake (POST /v1/sql, `kappaflow sql`).
+
+
+class SqlSyntaxError(ApiError, ValueError):
+    """The SQL is not one valid query: it does not parse, names an unknown column or
+    function, or holds no statement or more than one."""
+
+    code = "KF861"
+    status = 400
+
+
+class SqlForbiddenError(ApiError, PermissionError):
+    """The SQL is not a read query (a write, DDL, ``SET``, ``ATTACH``, ``INSTALL``, ``COPY``),
+    or reads a file, the network or anything else outside the lake tables."""
+
+    code = "KF862"
+    status = 403
+
+
+class UnknownLakeTableError(ApiError, LookupError):
+    """The SQL names a table that is not a committed lake table."""
+
+    code = "KF863"
+    status = 404
+
+
+class SqlTimeoutError(ApiError, TimeoutError):
+    """The query ran past ``api.sql_timeout_s`` and was interrupted.
+
+    504, not 408: 408 says the client was too slow to send its request, and clients may
+    repeat a 408 on their own, which would only run the same query into the same limit."""
+
+    code = "KF864"
+    status = 504
+
+
+class SqlQueryFailedError(ApiError, ValueError):
+    """The query is valid but failed while running: a cast or a value out of range, too
+    little memory."""
+
+    code = "KF865"
+    status = 422
+
+
+class NoChangelogError(ApiError, LookupError):
+    """Push was asked of an output that writes no Kafka topic, the changes' only source."""
+
+    code = "KF870"
+    status = 404
+
+
+class BadResumePointError(ApiError, ValueError):
+    """A Last-Event-ID that is not a position the output's changes have had."""
+
+    code = "KF871"
+    status = 400
+
+
+class SubscriberTooSlowError(ApiError):
+    """A subscriber fell too far behind the changes and was dropped (its stream's last
+    event, or its WebSocket's close reason); it resumes with its last event id."""
+
+    code = "KF872"
+    status = 503
+
+
+class PushUnavailableError(ApiError):
+    """The output's changes could not be read from Kafka in time."""
+
+    code = "KF873"
+    status = 503
+
+
+class UnauthorizedError(ApiError):
+    """The service has API tokens and the request came without a valid one."""
+
+    code = "KF890"
+    status = 401
+
+
+class ForbiddenError(ApiError):
+    """The request's token lacks the scope the request needs (admin)."""
+
+    code = "KF891"
+    status = 403
+
+
+class UnknownTokenError(ApiError, LookupError):
+    """No API token of that name."""
+
+    code = "KF892"
+    status = 404
+
+
+class DuplicateTokenError(ApiError):
+    """An API token of that name exists already."""
+
+    code = "KF893"
+    status = 409
+
+
+class TopicFollowerTooSlowError(ApiError):
+    """A client following a topic read slower than the topic grew and was dropped (its
+    stream's last event)."""
+
+    code = "KF880"
+    status = 503
+
+
+def http_status(exc: KappaflowError) -> int:
+    """The HTTP status the service answers ``exc`` with: its own, else by its kind."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status
+    if isinstance(exc, LookupError):
+        return 404
+    if isinstance(exc, ValueError):
+        return 400
+    return 500
+
+
 def catalogue() -> dict[str, type[KappaflowError]]:
     """Every error class of this module by its code, in code order."""
     found: dict[str, type[KappaflowError]] = {}

@@ -128,6 +128,17 @@ class ApiSettings(_Section):
         default="127.0.0.1", description="address the service listens on (loopback only)"
     )
     port: int = Field(default=8780, ge=1, le=65535, description="the service's port")
+    sql_timeout_s: float = Field(
+        default=10.0, gt=0, description="a SQL query over the lake is interrupted after this"
+    )
+    sql_max_rows: int = Field(
+        default=10_000, ge=1, description="a SQL query over the lake answers at most this many rows"
+    )
+    push_backlog: int = Field(
+        default=10_000,
+        ge=1,
+        description="changes a push subscriber may fall behind before it is dropped",
+    )
 
     @property
     def url(self) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 from conftest import run_kappaflow
+from fastapi import FastAPI
 from live_jobs import send_json, stop_if_running
 
 from kappaflow.api.app import create_app
@@ -105,18 +106,26 @@ def run_served(serving: Settings) -> Iterator[Served]:
         stop_if_running(serving, job)
 
 
+_APPS: dict[str, FastAPI] = {}
+
+
+def served_app(client: httpx.Client) -> FastAPI:
+    """The application ``client`` (from ``serve``) talks to."""
+    return _APPS[str(client.base_url)]
+
+
 @contextmanager
 def serve(settings: Settings) -> Iterator[httpx.Client]:
     """The service's application on a free port, in this process; a client of it."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started or None, timeout=60, what="the service to listen")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _APPS[str(client.base_url)] = app
             yield client
     finally:
         server.should_exit = True

@@ -32,6 +32,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kappaflow import __version__
 from kappaflow.api import results
+from kappaflow.api.auth import add_auth
+from kappaflow.api.dashboard import add_dashboard
+from kappaflow.api.metrics import add_metrics
+from kappaflow.api.push import add_push_routes
+from kappaflow.api.sql import add_sql_routes
+from kappaflow.api.topics import add_topic_routes
 from kappaflow.errors import (
     ApiBadRequestError,
     ApiError,
@@ -39,6 +45,7 @@ from kappaflow.errors import (
     KappaflowError,
     UnknownKeyError,
     UnknownOutputError,
+    http_status,
 )
 from kappaflow.jobs.manager import JobManager
 from kappaflow.serving.client import redis_client
@@ -47,17 +54,6 @@ from kappaflow.timeutil import parse_time, to_epoch_ms
 
 MAX_LIMIT = 1000
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="at most this many items")]
-
-
-def _status(exc: KappaflowError) -> int:
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status
-    if isinstance(exc, LookupError):
-        return 404
-    if isinstance(exc, ValueError):
-        return 400
-    return 500
 
 
 def _error(code: str, message: str, status: int) -> JSONResponse:
@@ -79,7 +75,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(KappaflowError)
     async def kappaflow_error(_request: Request, exc: KappaflowError) -> JSONResponse:
-        return _error(exc.code, str(exc), _status(exc))
+        return _error(exc.code, str(exc), http_status(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -272,6 +268,13 @@ def create_app(settings: Settings) -> FastAPI:
         )
         return {"items": rows, "next": following}
 
+    # The door first: the metrics' middleware, added after it, wraps it and counts refusals.
+    add_auth(app, settings)
+    add_dashboard(app)
+    add_push_routes(app, settings)
+    add_metrics(app, settings)
+    add_topic_routes(app, settings)
+    add_sql_routes(app, settings)
     return app
 
 

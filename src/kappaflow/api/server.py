@@ -4,7 +4,8 @@ It is ``kappaflow api serve`` (uvicorn, in the foreground) started detached, giv
 starting command's settings, resolved, in its environment (``SETTINGS_ENV``, secrets
 included, as they would be in ``KAPPAFLOW_*`` variables); its pid file and log are under
 ``<state_dir>/api/``. It listens on ``api.host``:``api.port``, loopback by default;
-until the service has tokens, an address other than loopback is refused.
+until the service has API tokens (api/auth.py), an address other than loopback is
+refused.
 """
 
 from __future__ import annotations
@@ -62,17 +63,21 @@ def settings_json(settings: Settings) -> str:
     return json.dumps(plain(settings.model_dump()))
 
 
-def check_bind(host: str) -> None:
-    """Refuse an address other than loopback: the service has no tokens yet, and its
-    answers hold every job's results."""
+def check_bind(settings: Settings) -> None:
+    """Refuse an address other than loopback while the service has no API tokens: its
+    answers hold every job's results, and it would give them to anyone."""
+    from kappaflow.api.auth import TokenStore, tokens_path
+
+    host = settings.api.host
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
-    if not loopback:
+    if not loopback and not TokenStore(tokens_path(settings)).enabled():
         raise ApiBindRefusedError(
             f"the service would listen on {host}, beyond this machine, and it has no API "
-            "tokens to refuse strangers with: keep api.host on loopback (127.0.0.1)"
+            "tokens to refuse strangers with: create one (`kappaflow api token create "
+            "NAME`) or keep api.host on loopback (127.0.0.1)"
         )
 
 
@@ -107,7 +112,7 @@ class EmbeddedApi:
             return False
         self.process.clear_stale()
         host, port = self.settings.api.host, self.settings.api.port
-        check_bind(host)
+        check_bind(self.settings)
         if port_in_use(host, port):
             raise PortInUseError(
                 f"port {host}:{port} is already in use: stop what holds it or choose another "

@@ -3,13 +3,14 @@ and ``status`` are the group's service commands (cli/services.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import click
 
 from kappaflow.cli.context import Context, pass_context
-from kappaflow.cli.output import say
+from kappaflow.cli.output import say, table
 from kappaflow.cli.services import api
 
 
@@ -30,7 +31,7 @@ def serve(ctx: Context, home: Path | None) -> None:
 
     given = os.environ.get(SETTINGS_ENV)
     settings = Settings.model_validate_json(given) if given else ctx.settings
-    check_bind(settings.api.host)
+    check_bind(settings)
     say(f"kappaflow service on {settings.api.url} (Ctrl-C stops it)")
     config = uvicorn.Config(
         create_app(settings),
@@ -39,3 +40,53 @@ def serve(ctx: Context, home: Path | None) -> None:
         log_level="warning",
     )
     uvicorn.Server(config).run()
+
+
+@api.group("token")
+def token() -> None:
+    """API tokens: once one exists, every request needs one (docs/api.md)."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option(
+    "--scope",
+    type=click.Choice(["read", "admin"]),
+    default="read",
+    show_default=True,
+    help="read: every answer of the service; admin: also manage the tokens",
+)
+@pass_context
+def token_create(ctx: Context, name: str, scope: str) -> None:
+    """Create the token NAME and print it: it is shown this once, and kept only hashed."""
+    from kappaflow.api.auth import Role, TokenStore, tokens_path
+
+    created = TokenStore(tokens_path(ctx.settings)).create(name, Role(scope))
+    say(f"token {name} ({scope}) created; it is not shown again:")
+    click.echo(created)
+
+
+@token.command("list")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per token")
+@pass_context
+def token_list(ctx: Context, as_json: bool) -> None:
+    """The tokens: names, scopes and when they were made (never the tokens)."""
+    from kappaflow.api.auth import TokenStore, tokens_path
+
+    found = [t.public() for t in TokenStore(tokens_path(ctx.settings)).tokens().values()]
+    if as_json:
+        for item in found:
+            click.echo(json.dumps(item))
+        return
+    table("API tokens", ["name", "scope", "created"], [list(t.values()) for t in found])
+
+
+@token.command("revoke")
+@click.argument("name")
+@pass_context
+def token_revoke(ctx: Context, name: str) -> None:
+    """Revoke the token NAME: requests with it are refused from now on."""
+    from kappaflow.api.auth import TokenStore, tokens_path
+
+    TokenStore(tokens_path(ctx.settings)).revoke(name)
+    say(f"token {name} revoked")

@@ -8,7 +8,7 @@ import click
 
 from kappaflow import __version__
 from kappaflow.cli import api as _api_serve  # noqa: F401 (adds `api serve`)
-from kappaflow.cli import count, data, demo, iot, jobs, services, topics
+from kappaflow.cli import count, data, demo, iot, jobs, services, sql, topics
 from kappaflow.cli.context import Context, settings_options
 
 
@@ -42,5 +42,6 @@ for _command in (
     jobs.jobs,
     *count.COMMANDS,
     *iot.COMMANDS,
+    sql.sql,
 ):
     cli.add_command(_command)

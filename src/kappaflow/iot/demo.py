@@ -28,7 +28,8 @@ from rich.live import Live
 from rich.table import Table
 
 from kappaflow import services
-from kappaflow.errors import JobError, JobNotFoundError, JobStartError
+from kappaflow.api.server import EmbeddedApi
+from kappaflow.errors import JobError, JobNotFoundError, JobStartError, KappaflowError
 from kappaflow.iot.feed import LabelsFile, feed
 from kappaflow.iot.gateway import Gateway, GatewayConfig, create_app
 from kappaflow.iot.registry import Registry, fleet_tokens, register
@@ -148,6 +149,25 @@ def _gateway(settings: Settings, port: int) -> Iterator[Gateway]:
         thread.join(timeout=60)
 
 
+@contextlib.contextmanager
+def _dashboard(settings: Settings, say: Callable[[str], None]) -> Iterator[None]:
+    """The kappaflow service, for its dashboard, unless it runs; stopped after if started
+    here. A service that cannot start (its port taken) is said, and the demo goes on."""
+    service = EmbeddedApi(settings)
+    try:
+        started = service.start()
+    except KappaflowError as exc:
+        say(f"no dashboard: {exc}")
+        yield
+        return
+    say(f"dashboard on {service.url}/")
+    try:
+        yield
+    finally:
+        if started:
+            service.stop()
+
+
 def run_iot_demo(
     settings: Settings,
     console: Console,
@@ -183,6 +203,7 @@ def run_iot_demo(
                 bridge = MqttBridge(settings, topic, kafka_topic, client_id=client)
                 stack.enter_context(_in_thread(bridge.run, f"bridge {topic}"))
             say("MQTT bridges running")
+            stack.enter_context(_dashboard(settings, say))
             started: list[str] = []
             stack.callback(_stop_jobs, jobs, started, say)
             launch = functools.partial(

@@ -1,0 +1,552 @@
+"""Push: an output's changes, streamed to subscribers as they are committed to Kafka.
+
+An output that writes a Kafka topic (``.to(kf.topic())``) has its changes there, each
+batch's in one transaction: a windowed aggregate's changelog (every provisional value,
+final value and correction of a window, with the values before it), or a stream's rows.
+The service reads that topic once, ``read_committed``, in one reader per topic (a
+:class:`Hub`), however many subscribe; the hub folds the records into the latest record
+of each Kafka key (the snapshot a new subscriber starts from) and keeps the most recent
+records, so that a subscriber that comes back resumes from its last event id.
+
+A subscriber gets, in order:
+
+1. without a last event id, ``snapshot``: the latest record of every key, at a position
+   in the topic; with one, nothing: it resumes there;
+2. ``change``: every record after that position, in the topic's order (a key's records
+   are in one partition, so in the order the job wrote them).
+
+Every event's id is the subscriber's position after it: the next offset of each
+partition (``0:120,1:97``). A subscriber whose position is older than the records the
+hub keeps is caught up from Kafka by a reader of its own, then joins the hub's stream:
+no record is lost or repeated either way. A subscriber more than ``api.push_backlog``
+records behind is dropped (KF872) without slowing anyone else: the hub never waits for
+a subscriber; it resumes with its last event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from fastapi import FastAPI, Header, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+
+from kappaflow.errors import (
+    BadResumePointError,
+    KappaflowError,
+    NoChangelogError,
+    PushUnavailableError,
+    SubscriberTooSlowError,
+    UnknownOutputError,
+    http_status,
+)
+from kappaflow.jobs.manager import JobManager
+from kappaflow.kafka.clients import consumer
+from kappaflow.settings import KafkaSettings, Settings
+
+Position = dict[int, int]
+
+#: Records the hub keeps for subscribers that resume; older positions read Kafka.
+KEPT_RECORDS = 100_000
+#: How long a subscription waits for its hub to have read the topic to its end.
+READY_TIMEOUT_S = 30.0
+#: A subscriber with no change for this long gets a keep-alive (an SSE comment).
+KEEPALIVE_S = 15.0
+_POLL_S = 0.1
+_BATCH = 500
+
+
+def encode_position(position: Position) -> str:
+    """An event id: ``partition:next offset`` for each partition, by partition."""
+    return ",".join(f"{p}:{o}" for p, o in sorted(position.items()))
+
+
+def decode_position(text: str) -> Position:
+    """The position an event id names, or BadResumePointError."""
+    position: Position = {}
+    try:
+        for part in text.split(","):
+            partition, offset = part.split(":")
+            position[int(partition)] = int(offset)
+    except ValueError:
+        raise BadResumePointError(
+            f"last event id {text!r} is not a position (partition:offset,...)"
+        ) from None
+    if any(p < 0 or o < 0 for p, o in position.items()):
+        raise BadResumePointError(f"last event id {text!r} has a negative partition or offset")
+    return position
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One record of the topic: where it is, its key, its value (JSON text)."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: str
+
+
+def _change(message: Message) -> Change:
+    raw, key = message.value(), message.key()
+    value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "null")
+    return Change(
+        message.partition() or 0,
+        message.offset() or 0,
+        key.encode() if isinstance(key, str) else key,
+        value,
+    )
+
+
+def _removes(change: Change) -> bool:
+    """Whether the record ends its key: a window whose values are gone (a session merged
+    into another) or a tombstone."""
+    if change.value == "null":
+        return True
+    if '"values"' not in change.value:
+        return False
+    try:
+        return json.loads(change.value).get("values", 0) is None
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """What a subscriber starts from: a snapshot, buffered records, or a Kafka read."""
+
+    #: The hub's position when the subscriber joined.
+    position: Position
+    #: Where the subscriber resumes (None: from the snapshot).
+    resume: Position | None
+    snapshot: list[str] | None
+    buffered: list[Change]
+    #: Partitions to read from Kafka, from the first offset up to the second.
+    catch_up: dict[int, tuple[int, int]]
+
+
+class Subscriber:
+    """One subscriber's queue of the hub's records, read on the service's event loop."""
+
+    def __init__(self, hub: Hub, start: Subscription, backlog: int) -> None:
+        self.hub = hub
+        self.start = start
+        self.position = dict(start.position if start.resume is None else start.resume)
+        self.backlog = backlog
+        self.pending = 0
+        self.dropped = False
+        self._queue: asyncio.Queue[list[Change] | None] = asyncio.Queue()
+
+    def offer(self, batch: list[Change]) -> None:
+        """Called on the event loop with each batch the hub read; never waits."""
+        if self.dropped:
+            return
+        self.pending += len(batch)
+        if self.pending > self.backlog:
+            self.dropped = True
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self._queue.put_nowait(None)
+            return
+        self._queue.put_nowait(batch)
+
+    def close(self) -> None:
+        self.hub.unsubscribe(self)
+
+    def _advance(self, change: Change) -> bool:
+        """Whether ``change`` is new to this subscriber; if so, its position moves past it."""
+        if change.offset < self.position.get(change.partition, 0):
+            return False
+        self.position[change.partition] = change.offset + 1
+        return True
+
+    async def events(self) -> AsyncIterator[list[tuple[str, str, str]]]:
+        """The events in order, (event, id, data), a batch of the topic's records at a
+        time (an empty one for a keep-alive). SubscriberTooSlowError when the subscriber
+        fell ``backlog`` records behind."""
+        start = self.start
+        if start.snapshot is not None:
+            items = "[" + ",".join(start.snapshot) + "]"
+            yield [("snapshot", encode_position(self.position), '{"items": ' + items + "}")]
+        else:
+            async for read in self._read_kafka(start.catch_up):
+                yield self._new(read)
+            if start.buffered:
+                yield self._new(start.buffered)
+            # Everything before the hub's position at subscription has been sent (what is
+            # left between are transaction markers).
+            for partition, offset in start.position.items():
+                self.position[partition] = max(self.position.get(partition, 0), offset)
+        while True:
+            try:
+                batch = await asyncio.wait_for(self._queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                yield []
+                continue
+            if batch is None or self.dropped:
+                raise SubscriberTooSlowError(
+                    f"dropped: more than {self.backlog} changes behind; resume with the "
+                    "last event id"
+                )
+            self.pending -= len(batch)
+            yield self._new(batch)
+
+    def _new(self, batch: list[Change]) -> list[tuple[str, str, str]]:
+        """The changes of ``batch`` this subscriber has not had, as events."""
+        events = []
+        for change in batch:
+            if self._advance(change):
+                events.append(("change", encode_position(self.position), change.value))
+        return events
+
+    async def _read_kafka(self, ranges: dict[int, tuple[int, int]]) -> AsyncIterator[list[Change]]:
+        """The records of ``ranges`` (partition: first offset, end), read from Kafka by a
+        reader of this subscriber's own, in partition order."""
+        if not ranges:
+            return
+        reader = RangeReader(self.hub.kafka, self.hub.topic, ranges)
+        try:
+            while True:
+                batch = await asyncio.to_thread(reader.next_batch)
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            await asyncio.to_thread(reader.close)
+
+
+class RangeReader:
+    """Reads offset ranges of a topic's partitions, ``read_committed``, then stops."""
+
+    def __init__(self, kafka: KafkaSettings, topic: str, ranges: dict[int, tuple[int, int]]):
+        self.topic = topic
+        self.ends = {p: end for p, (first, end) in ranges.items() if first < end}
+        self.client = consumer(kafka, **{"enable.partition.eof": False})
+        self.client.assign([TopicPartition(topic, p, ranges[p][0]) for p in self.ends])
+        self.timeout_s = kafka.timeout_s
+
+    def _done(self) -> bool:
+        if not self.ends:
+            return True
+        positions = self.client.position([TopicPartition(self.topic, p) for p in self.ends])
+        return all(tp.offset >= self.ends[tp.partition] for tp in positions)
+
+    def next_batch(self) -> list[Change] | None:
+        """The next records, or None once every range is read."""
+        waited = 0.0
+        while not self._done():
+            messages = self.client.consume(_BATCH, timeout=_POLL_S)
+            read = [_change(m) for m in messages if m.error() is None]
+            found = [c for c in read if c.offset < self.ends.get(c.partition, -1)]
+            if found:
+                return found
+            waited = 0.0 if messages else waited + _POLL_S
+            if waited > self.timeout_s:
+                raise PushUnavailableError(
+                    f"reading {self.topic!r} to resume took longer than {self.timeout_s:.0f} s"
+                )
+        return None
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class Hub:
+    """The one reader of a topic in the service, and the subscribers it feeds."""
+
+    kafka: KafkaSettings
+    topic: str
+    loop: asyncio.AbstractEventLoop
+    kept: int = KEPT_RECORDS
+    position: Position = field(default_factory=dict)
+    #: Each partition's first offset the kept records hold everything from.
+    base: Position = field(default_factory=dict)
+    latest: dict[bytes, str] = field(default_factory=dict)
+    records: deque[Change] = field(default_factory=deque)
+    subscribers: set[Subscriber] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ready: threading.Event = field(default_factory=threading.Event)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    failure: str | None = None
+    #: Called with each batch's size on the reader's thread (the service's metrics).
+    on_batch: Callable[[int], None] | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"push:{self.topic}", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self) -> None:
+        try:
+            client = consumer(self.kafka, **{"enable.partition.eof": True})
+        except Exception as exc:  # a bad client configuration: say so to subscribers
+            self.failure = f"cannot read {self.topic!r}: {exc}"
+            return
+        try:
+            self._read(client)
+        finally:
+            client.close()
+
+    def _read(self, client: Any) -> None:
+        metadata = client.list_topics(self.topic, timeout=self.kafka.timeout_s)
+        described = metadata.topics.get(self.topic)
+        if described is None or described.error is not None or not described.partitions:
+            self.failure = f"topic {self.topic!r} cannot be read: {described and described.error}"
+            return
+        partitions = sorted(described.partitions)
+        with self.lock:
+            for p in partitions:
+                low, _ = client.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=self.kafka.timeout_s
+                )
+                self.position[p] = self.base[p] = max(low, 0)
+        client.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+        at_end: set[int] = set()
+        while not self.stopping.is_set():
+            messages = client.consume(_BATCH, timeout=_POLL_S)
+            batch: list[Change] = []
+            with self.lock:
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            at_end.add(message.partition())
+                        continue
+                    change = _change(message)
+                    self._apply(change)
+                    batch.append(change)
+            if not self.ready.is_set() and at_end >= set(partitions):
+                self.ready.set()
+            if batch:
+                if self.on_batch is not None:
+                    self.on_batch(len(batch))
+                self.loop.call_soon_threadsafe(self._dispatch, batch)
+
+    def _apply(self, change: Change) -> None:
+        self.position[change.partition] = change.offset + 1
+        if change.key is not None:
+            if _removes(change):
+                self.latest.pop(change.key, None)
+            else:
+                self.latest.pop(change.key, None)  # re-inserted last: the snapshot's order
+                self.latest[change.key] = change.value
+        self.records.append(change)
+        if len(self.records) > self.kept:
+            gone = self.records.popleft()
+            self.base[gone.partition] = gone.offset + 1
+
+    def _dispatch(self, batch: list[Change]) -> None:
+        for subscriber in list(self.subscribers):
+            subscriber.offer(batch)
+
+    async def subscribe(self, last_event_id: str | None, backlog: int) -> Subscriber:
+        """A subscriber from the latest snapshot, or resuming at ``last_event_id``."""
+        resume = decode_position(last_event_id) if last_event_id is not None else None
+        ready = await asyncio.to_thread(self.ready.wait, READY_TIMEOUT_S)
+        if self.failure is not None:
+            raise PushUnavailableError(self.failure)
+        if not ready:
+            raise PushUnavailableError(
+                f"the changes in {self.topic!r} were not read within {READY_TIMEOUT_S:.0f} s"
+            )
+        with self.lock:
+            start = self._start(resume)
+            subscriber = Subscriber(self, start, backlog)
+            self.subscribers.add(subscriber)
+        return subscriber
+
+    def _start(self, resume: Position | None) -> Subscription:
+        position = dict(self.position)
+        if resume is None:
+            return Subscription(position, None, list(self.latest.values()), [], {})
+        unknown = sorted(set(resume) - set(position))
+        ahead = [p for p, o in resume.items() if p in position and o > position[p]]
+        if unknown or ahead:
+            raise BadResumePointError(
+                f"last event id {encode_position(resume)!r} is not a position of "
+                f"{self.topic!r} (now at {encode_position(position)})"
+            )
+        # A partition the id leaves out (added since) is read from its start.
+        wanted = {p: resume.get(p, 0) for p in position}
+        if all(wanted[p] >= self.base[p] for p in position):
+            buffered = [c for c in self.records if c.offset >= wanted[c.partition]]
+            return Subscription(position, wanted, None, buffered, {})
+        catch_up = {p: (wanted[p], position[p]) for p in position}
+        return Subscription(position, wanted, None, [], catch_up)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self.subscribers.discard(subscriber)
+
+
+class PushHubs:
+    """The service's hubs, one per topic, started by the first subscriber."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.jobs = JobManager(settings)
+        self._hubs: dict[str, Hub] = {}
+        self.on_batch: Callable[[str, int], None] | None = None
+
+    def topic(self, job: str, output: str) -> str:
+        """The Kafka topic the job's output writes (KF601, KF852, KF870)."""
+        self.jobs.get(job)
+        outputs = {o["name"]: o for o in self.jobs.plan(job)["outputs"]}
+        if output not in outputs:
+            raise UnknownOutputError(
+                f"job {job!r} has no output {output!r} "
+                f"(its outputs: {', '.join(outputs) or 'none recorded'})"
+            )
+        topics = [s["kafka"] for s in outputs[output]["sinks"] if "kafka" in s]
+        if not topics:
+            raise NoChangelogError(
+                f"output {output!r} of job {job!r} writes no Kafka topic, where its changes "
+                "are pushed from: add kf.topic() to its sinks"
+            )
+        return str(topics[0])
+
+    def hub(self, topic: str) -> Hub:
+        hub = self._hubs.get(topic)
+        if hub is None or hub.failure is not None:
+            hub = Hub(self.settings.kafka, topic, asyncio.get_running_loop())
+            if self.on_batch is not None:
+                report = self.on_batch
+                hub.on_batch = lambda n: report(topic, n)
+            self._hubs[topic] = hub
+            hub.start()
+        return hub
+
+    def find(self, topic: str) -> Hub | None:
+        """The hub of ``topic``, if a subscriber started it."""
+        return self._hubs.get(topic)
+
+    def subscribers(self) -> Iterable[tuple[str, int]]:
+        return [(topic, len(hub.subscribers)) for topic, hub in self._hubs.items()]
+
+    def close(self) -> None:
+        for hub in self._hubs.values():
+            hub.stop()
+        self._hubs.clear()
+
+
+def _sse(event: str, event_id: str, data: str) -> str:
+    return f"id: {event_id}\nevent: {event}\ndata: {data}\n\n"
+
+
+def _error_data(exc: KappaflowError) -> dict[str, str]:
+    return {"code": exc.code, "error": str(exc)}
+
+
+def add_push_routes(app: FastAPI, settings: Settings) -> None:
+    """``/v1/jobs/{job}/outputs/{output}/changes``: Server-Sent Events, and ``.../ws``."""
+    hubs = PushHubs(settings)
+    app.state.push = hubs
+    backlog = settings.api.push_backlog
+    previous = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(running: Any) -> AsyncIterator[Any]:
+        async with previous(running) as state:
+            yield state
+        hubs.close()
+
+    app.router.lifespan_context = lifespan
+
+    def gauge(request_app: Any, job: str, output: str, transport: str, step: int) -> None:
+        metrics = getattr(request_app.state, "metrics", None)
+        if metrics is not None:
+            metrics.subscribers.labels(job=job, output=output, transport=transport).inc(step)
+
+    @app.get(
+        "/v1/jobs/{job}/outputs/{output}/changes",
+        summary="The output's changes as Server-Sent Events: a snapshot, then each change.",
+        response_class=StreamingResponse,
+    )
+    async def changes(
+        request: Request,
+        job: str,
+        output: str,
+        last_event_id: Annotated[
+            str | None, Header(alias="Last-Event-ID", description="resume after this event")
+        ] = None,
+        resume: Annotated[
+            str | None, Query(alias="last_event_id", description="as the Last-Event-ID header")
+        ] = None,
+    ) -> StreamingResponse:
+        hub = hubs.hub(hubs.topic(job, output))
+        subscriber = await hub.subscribe(last_event_id or resume, backlog)
+        gauge(request.app, job, output, "sse", 1)
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                yield "retry: 1000\n\n"
+                async for events in subscriber.events():
+                    # A batch's events in one write.
+                    yield "".join(_sse(*e) for e in events) if events else ": keep-alive\n\n"
+            except KappaflowError as exc:
+                yield f"event: error\ndata: {json.dumps(_error_data(exc))}\n\n"
+            finally:
+                subscriber.close()
+                gauge(request.app, job, output, "sse", -1)
+
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.websocket("/v1/jobs/{job}/outputs/{output}/changes/ws")
+    async def changes_ws(
+        websocket: WebSocket,
+        job: str,
+        output: str,
+        last_event_id: Annotated[str | None, Query(description="resume after this event")] = None,
+    ) -> None:
+        await websocket.accept()
+        try:
+            hub = hubs.hub(hubs.topic(job, output))
+            subscriber = await hub.subscribe(last_event_id, backlog)
+        except KappaflowError as exc:
+            await _close(websocket, exc)
+            return
+        gauge(websocket.app, job, output, "websocket", 1)
+        watcher = asyncio.create_task(_until_closed(websocket))
+        try:
+            async for events in subscriber.events():
+                if watcher.done():
+                    return
+                for name, event_id, data in events:
+                    await websocket.send_text(
+                        f'{{"event": "{name}", "id": "{event_id}", "data": {data}}}'
+                    )
+        except KappaflowError as exc:
+            await _close(websocket, exc)
+        except WebSocketDisconnect:
+            return
+        finally:
+            watcher.cancel()
+            subscriber.close()
+            gauge(websocket.app, job, output, "websocket", -1)
+
+
+async def _until_closed(websocket: WebSocket) -> None:
+    """Reads (and ignores) what the client sends, until it closes."""
+    with contextlib.suppress(WebSocketDisconnect):
+        while True:
+            await websocket.receive_text()
+
+
+async def _close(websocket: WebSocket, exc: KappaflowError) -> None:
+    """An error's last message, then a close whose code is 4000 + its HTTP status."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        await websocket.send_text(json.dumps({"event": "error", "data": _error_data(exc)}))
+        await websocket.close(code=4000 + http_status(exc), reason=f"{exc.code}: {exc}"[:120])

@@ -12,6 +12,7 @@ import click
 from kappaflow import services as svc
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import say, table
+from kappaflow_bench.cli.options import rates
 
 
 @click.command("iot-models")
@@ -199,16 +200,6 @@ def iot_ingest(
     say(f"wrote {out_dir / 'result.json'} and {out_dir / 'summary.md'}")
 
 
-def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> list[float]:
-    try:
-        found = [float(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of numbers") from None
-    if not found or any(r <= 0 for r in found):
-        raise click.BadParameter(f"{value!r}: each rate is a positive number of readings/s")
-    return found
-
-
 @click.command("iot-latency")
 @click.option(
     "--devices",
@@ -221,7 +212,7 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> list[flo
     "--rates",
     default="250",
     show_default=True,
-    callback=_rates,
+    callback=rates("readings"),
     help="readings per second of the whole fleet, comma-separated: one window each, "
     "lowest first (a rate the machine does not sustain leaves a backlog to the next)",
 )

@@ -9,16 +9,7 @@ import click
 from kappaflow import services as svc
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import say, table
-
-
-def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> list[float]:
-    try:
-        found = [float(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of numbers") from None
-    if not found or any(r <= 0 for r in found):
-        raise click.BadParameter(f"{value!r}: each rate is a positive number of changes/s")
-    return found
+from kappaflow_bench.cli.options import rates
 
 
 @click.command("push")
@@ -33,7 +24,7 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> list[flo
     "--rates",
     default="50,200,500",
     show_default=True,
-    callback=_rates,
+    callback=rates("changes"),
     help="changes per second the job's changelog gets, comma-separated, one step each",
 )
 @click.option(

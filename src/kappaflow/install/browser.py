@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from kappaflow.errors import SetupError
+from kappaflow.install.system import apt_install, last_line, run_quietly
 
 #: Debian's browser, and a font: without one, Chromium draws every glyph as a box.
 PACKAGES = ("chromium", "fonts-dejavu-core")
 INSTALL_HINT = f"sudo apt-get install --no-install-recommends {' '.join(PACKAGES)}"
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
-_APT_TIMEOUT_S = 900
 
 
 def find_chromium() -> Path | None:
@@ -44,40 +43,13 @@ def ensure_chromium(say: Callable[[str], None]) -> Path:
                 f"needs root and apt-get: run `{INSTALL_HINT}`, then make test again"
             )
         say(f"installing {', '.join(PACKAGES)} from the system's packages (apt-get)")
-        _apt_install(PACKAGES)
+        result = apt_install(*PACKAGES)
+        if result.returncode != 0:
+            raise SetupError(f"apt-get could not install {' '.join(PACKAGES)}: {last_line(result)}")
     found = find_chromium()
     if found is None:
         raise SetupError(f"apt-get did not install Chromium: run `{INSTALL_HINT}`")
     return found
-
-
-def _apt_install(packages: tuple[str, ...]) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]
-    result = _run(install, env)
-    if result.returncode != 0 and "Unable to locate package" in result.stdout:
-        # A machine whose package lists were never fetched: fetch them, once.
-        _run(["apt-get", "update", "-qq"], env)
-        result = _run(install, env)
-    if result.returncode != 0:
-        last = result.stdout.strip().splitlines()[-1:] or ["?"]
-        raise SetupError(f"apt-get could not install {' '.join(packages)}: {last[0]}")
-
-
-def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=_APT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return subprocess.CompletedProcess(argv, 1, f"{argv[0]}: {exc}")
 
 
 def main() -> int:
@@ -90,7 +62,7 @@ def main() -> int:
         print(f"setup: error[{exc.code}]: {exc}", file=sys.stderr)
         return exc.exit_code
     # Debian's launcher script may print shell warnings before the version line.
-    printed = _run([str(path), "--version"], dict(os.environ)).stdout.splitlines()
+    printed = run_quietly([str(path), "--version"], timeout=60).stdout.splitlines()
     version = next((line for line in printed if line.startswith("Chromium")), "Chromium")
     say(f"{version.strip()} at {path}")
     return 0

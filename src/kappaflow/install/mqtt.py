@@ -6,11 +6,11 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 
 from kappaflow.errors import MqttBrokerNotFoundError
+from kappaflow.install.system import apt_install, last_line, run_quietly
 from kappaflow.mqtt.broker import (
     INSTALL_HINT,
     amqtt_installed,
@@ -21,7 +21,6 @@ from kappaflow.settings import Settings
 
 #: The same requirement as the ``mqtt`` extra in pyproject.toml.
 AMQTT_REQUIREMENT = "amqtt>=0.12"
-_APT_TIMEOUT_S = 600
 
 
 def ensure_mqtt_broker(settings: Settings, say: Callable[[str], None]) -> str:
@@ -54,39 +53,15 @@ def ensure_mqtt_broker(settings: Settings, say: Callable[[str], None]) -> str:
 
 
 def _apt_install(package: str, say: Callable[[str], None]) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
-    result = _run(install, env)
-    if result.returncode != 0 and "Unable to locate package" in result.stdout:
-        # A machine whose package lists were never fetched: fetch them, once.
-        _run(["apt-get", "update", "-qq"], env)
-        result = _run(install, env)
+    result = apt_install(package)
     if result.returncode != 0:
-        last = result.stdout.strip().splitlines()[-1:] or ["?"]
-        say(f"apt-get could not install {package}: {last[0]}")
+        say(f"apt-get could not install {package}: {last_line(result)}")
 
 
 def _pip_install(requirement: str) -> None:
-    result = _run([sys.executable, "-m", "pip", "install", "--quiet", requirement], None)
+    result = run_quietly([sys.executable, "-m", "pip", "install", "--quiet", requirement])
     importlib.invalidate_caches()
     if result.returncode != 0 or not amqtt_installed():
-        last = result.stdout.strip().splitlines()[-1:] or ["?"]
         raise MqttBrokerNotFoundError(
-            f"pip could not install {requirement} ({last[0]}): {INSTALL_HINT}"
+            f"pip could not install {requirement} ({last_line(result)}): {INSTALL_HINT}"
         )
-
-
-def _run(argv: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=_APT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return subprocess.CompletedProcess(argv, 1, f"{argv[0]}: {exc}")

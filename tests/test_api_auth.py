@@ -14,7 +14,9 @@ import httpx
 import pytest
 from conftest import run_kappaflow
 from service import serve
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from kappaflow.api.auth import COOKIE, Role, TokenStore, tokens_path
 from kappaflow.api.server import check_bind
@@ -22,6 +24,7 @@ from kappaflow.errors import (
     ApiBindRefusedError,
     DuplicateTokenError,
     ForbiddenError,
+    TokenFileError,
     UnauthorizedError,
     UnknownTokenError,
 )
@@ -78,6 +81,9 @@ def test_the_admin_scope_manages_tokens_and_read_does_not(api: httpx.Client, own
     admin, reader = store.create("ops", Role.ADMIN), store.create("viewer", Role.READ)
     forbidden = api.post("/v1/tokens", json={"name": "x"}, headers=bearer(reader))
     assert forbidden.status_code == 403 and forbidden.json()["code"] == "KF891"
+    for method, path in (("GET", "/v1/tokens"), ("DELETE", "/v1/tokens/ops")):
+        refused = api.request(method, path, headers=bearer(reader))
+        assert refused.status_code == 403, (method, path)
     assert ForbiddenError.code == "KF891"
     made = api.post("/v1/tokens", json={"name": "ci", "scope": "read"}, headers=bearer(admin))
     assert made.status_code == 201, made.text
@@ -95,8 +101,9 @@ def test_the_admin_scope_manages_tokens_and_read_does_not(api: httpx.Client, own
     gone = api.delete("/v1/tokens/ci", headers=bearer(admin))
     assert gone.status_code == 404 and gone.json()["code"] == "KF892"
     assert UnknownTokenError.code == "KF892"
-    bad = api.post("/v1/tokens", json={"name": "a b"}, headers=bearer(admin))
-    assert bad.status_code == 400 and bad.json()["code"] == "KF851"
+    for name in ("a b", "ops\n"):
+        bad = api.post("/v1/tokens", json={"name": name}, headers=bearer(admin))
+        assert bad.status_code == 400 and bad.json()["code"] == "KF851"
 
 
 def test_the_dashboard_signs_in_with_a_cookie_not_a_url(api: httpx.Client, own: Settings) -> None:
@@ -114,15 +121,27 @@ def test_the_dashboard_signs_in_with_a_cookie_not_a_url(api: httpx.Client, own: 
     # A WebSocket with the session's cookie passes the door, one without is closed
     # before it opens.
     url = str(api.base_url).replace("http://", "ws://") + "/v1/jobs/none/outputs/x/changes/ws"
-    cookie = f"{COOKIE}={api.cookies[COOKIE]}"
-    with connect(url, additional_headers={"Cookie": cookie}, open_timeout=30) as socket:
+    cookie = {"Cookie": f"{COOKIE}={api.cookies[COOKIE]}"}
+    home = Origin(str(api.base_url))
+    with connect(url, additional_headers=cookie, origin=home, open_timeout=30) as socket:
         message = json.loads(socket.recv(timeout=30))
         assert message["data"]["code"] == "KF601"  # past the door: the job is unknown
-    with pytest.raises(Exception) as refused:
-        connect(url, open_timeout=30)
-    assert "403" in str(refused.value) or "4401" in str(refused.value)
-    assert api.delete("/v1/session").status_code == 200
+    # Without the cookie, or with it from another page, it is closed before it opens.
+    for headers, origin in (({}, home), (cookie, Origin("http://127.0.0.1:1"))):
+        with pytest.raises(InvalidStatus):
+            connect(url, additional_headers=headers, origin=origin, open_timeout=30)
+    # A change with the cookie comes from the dashboard's own page, not another's.
+    admin = TokenStore(tokens_path(own)).create("boss", Role.ADMIN)
+    assert api.post("/v1/session", json={"token": admin}).status_code == 200
+    elsewhere = api.post("/v1/tokens", json={"name": "x"}, headers={"Origin": "http://evil"})
+    assert elsewhere.status_code == 403 and elsewhere.json()["code"] == "KF891"
+    made = api.post("/v1/tokens", json={"name": "x"}, headers={"Origin": str(api.base_url)})
+    assert made.status_code == 201, made.text
+    # A token revoked and made again under its name does not bring its sessions back.
+    TokenStore(tokens_path(own)).revoke("boss")
+    TokenStore(tokens_path(own)).create("boss", Role.ADMIN)
     assert api.get("/v1/jobs").status_code == 401
+    assert api.delete("/v1/session").status_code == 200
 
 
 def test_tokens_from_the_command_line(own: Settings) -> None:
@@ -142,9 +161,30 @@ def test_tokens_from_the_command_line(own: Settings) -> None:
     assert TokenStore(tokens_path(own)).tokens() == {}
 
 
-def test_a_bind_beyond_loopback_needs_tokens(own: Settings) -> None:
+def test_a_bind_beyond_loopback_needs_tokens_and_fails_closed_without(own: Settings) -> None:
     wide = own.model_copy(update={"api": own.api.model_copy(update={"host": "0.0.0.0"})})
     with pytest.raises(ApiBindRefusedError, match="token"):
         check_bind(wide)
-    TokenStore(tokens_path(own)).create("net", Role.READ)
+    store = TokenStore(tokens_path(own))
+    token = store.create("net", Role.READ)
     check_bind(wide)  # tokens exist: the service may listen beyond loopback
+    with serve(wide) as api:
+        assert api.get("/v1/jobs", headers=bearer(token)).status_code == 200
+        store.revoke("net")
+        # Its last token gone, a service that listens beyond loopback refuses everyone.
+        closed = api.get("/v1/jobs")
+        assert closed.status_code == 401 and "no API token left" in closed.json()["error"]
+        assert api.get("/v1/health").status_code == 200
+
+
+def test_a_tokens_file_that_cannot_be_read_refuses_everyone(
+    api: httpx.Client, own: Settings
+) -> None:
+    TokenStore(tokens_path(own)).create("a", Role.READ)
+    tokens_path(own).write_text("{not json")
+    refused = api.get("/v1/jobs")
+    assert refused.status_code == 401 and "cannot be read" in refused.json()["error"]
+    assert api.get("/v1/health").status_code == 200
+    broken = run_kappaflow(own, "api", "token", "create", "b")
+    assert broken.code == 1 and broken.err.startswith("kappaflow: error[KF894]: ")
+    assert TokenFileError.code == "KF894"

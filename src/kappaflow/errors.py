@@ -863,6 +863,14 @@ class DuplicateTokenError(ApiError):
     status = 409
 
 
+class TokenFileError(ApiError):
+    """The service's tokens file exists and cannot be read: no token can be checked, so
+    every request but the open ones is refused until it is mended."""
+
+    code = "KF894"
+    status = 500
+
+
 class TopicFollowerTooSlowError(ApiError):
     """A client following a topic read slower than the topic grew and was dropped (its
     stream's last event)."""

@@ -16,30 +16,36 @@ line counts at once, in a running service too.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import re
 import secrets
+import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from http.cookies import SimpleCookie
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.requests import cookie_parser
 
 from kappaflow.errors import (
     ApiBadRequestError,
     DuplicateTokenError,
     ForbiddenError,
+    TokenFileError,
     UnauthorizedError,
     UnknownTokenError,
 )
@@ -47,13 +53,16 @@ from kappaflow.settings import Settings
 from kappaflow.timeutil import iso
 
 TOKEN_PREFIX = "kf_"
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 COOKIE = "kf_session"
 #: How long a dashboard session lasts without a request.
 SESSION_IDLE_S = 8 * 3600
 #: Paths anyone may reach: nothing in them is a job's.
 OPEN = ("/v1/health", "/openapi.json", "/v1/session")
 OPEN_PREFIXES = ("/dashboard",)
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: A token's sessions beyond this many end, the oldest first.
+SESSIONS_PER_TOKEN = 100
 
 Scope = Any  # a Scope of ASGI's: a dict
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -91,8 +100,10 @@ class TokenStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._seen: tuple[float, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._tokens: dict[str, TokenInfo] = {}
+        #: The file exists and cannot be read: every request is refused until it can.
+        self.broken: str | None = None
 
     def tokens(self) -> dict[str, TokenInfo]:
         """The tokens by name (none when the file does not exist)."""
@@ -100,20 +111,28 @@ class TokenStore:
             try:
                 stat = self.path.stat()
             except FileNotFoundError:
-                self._seen, self._tokens = None, {}
+                self._seen, self._tokens, self.broken = None, {}, None
                 return {}
-            stamp = (stat.st_mtime, stat.st_size)
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
             if stamp != self._seen:
-                body = json.loads(self.path.read_text())
-                self._tokens = {
-                    t["name"]: TokenInfo(t["name"], Role(t["scope"]), t["created_at"], t["digest"])
-                    for t in body.get("tokens", [])
-                }
+                try:
+                    body = json.loads(self.path.read_text())
+                    self._tokens = {
+                        t["name"]: TokenInfo(
+                            t["name"], Role(t["scope"]), t["created_at"], t["digest"]
+                        )
+                        for t in body.get("tokens", [])
+                    }
+                    self.broken = None
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    self._tokens, self.broken = {}, f"{self.path} cannot be read: {exc}"
                 self._seen = stamp
             return dict(self._tokens)
 
     def enabled(self) -> bool:
-        return bool(self.tokens())
+        """Whether requests need a token: there are tokens, or a tokens file that cannot
+        be read (which refuses everyone rather than no one)."""
+        return bool(self.tokens()) or self.broken is not None
 
     def check(self, token: str) -> TokenInfo | None:
         """The token's record, or None for a token this service does not have."""
@@ -127,99 +146,158 @@ class TokenStore:
 
     def create(self, name: str, scope: Role) -> str:
         """A new token named ``name``; the only time the token itself is known."""
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise ApiBadRequestError(
                 f"token name {name!r}: use 1 to 64 letters, digits, '.', '_' and '-'"
             )
-        tokens = self.tokens()
-        if name in tokens:
-            raise DuplicateTokenError(f"a token named {name!r} exists: revoke it first")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        tokens[name] = TokenInfo(name, scope, iso(datetime.now(UTC)), _digest(token))
-        self._save(tokens)
+        with self._writing() as tokens:
+            if name in tokens:
+                raise DuplicateTokenError(f"a token named {name!r} exists: revoke it first")
+            tokens[name] = TokenInfo(name, scope, iso(datetime.now(UTC)), _digest(token))
         return token
 
     def revoke(self, name: str) -> None:
-        tokens = self.tokens()
-        if name not in tokens:
-            raise UnknownTokenError(f"no token named {name!r} (see `kappaflow api token list`)")
-        del tokens[name]
-        self._save(tokens)
+        with self._writing() as tokens:
+            if name not in tokens:
+                raise UnknownTokenError(f"no token named {name!r} (see `kappaflow api token list`)")
+            del tokens[name]
 
-    def _save(self, tokens: dict[str, TokenInfo]) -> None:
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[dict[str, TokenInfo]]:
+        """The tokens to change, under a lock every writer of the file takes (services
+        and commands alike); saved, whole, when the block ends without an error."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = {"tokens": [{**asdict(t), "scope": str(t.scope)} for t in tokens.values()]}
-        # Readable by its owner only from the start, then swapped in whole.
-        scratch = self.path.with_name(f".{self.path.name}.tmp")
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(body, indent=2) + "\n")
-        scratch.replace(self.path)
+        with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            tokens = self.tokens()
+            if self.broken is not None:
+                raise TokenFileError(self.broken)
+            yield tokens
+            body = {"tokens": [{**asdict(t), "scope": str(t.scope)} for t in tokens.values()]}
+            # Readable by its owner only from the start, then swapped in whole.
+            fd, scratch = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps(body, indent=2) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            Path(scratch).replace(self.path)
 
 
 @dataclass
 class Session:
     token: str  # the token's name
-    scope: Role
+    #: The token's digest: a token revoked and made again under the same name does not
+    #: bring its old sessions back.
+    digest: str
     last_seen: float
 
 
-class Door:
-    """Who a request comes from, and whether it may have what it asks."""
+class Caller(NamedTuple):
+    token: str
+    scope: Role
+    #: Known by a session cookie (a browser), not by a bearer token.
+    by_cookie: bool
 
-    def __init__(self, store: TokenStore) -> None:
+
+class Door:
+    """Who a request comes from, and whether it may have what it asks.
+
+    ``open_without_tokens``: with no token, every request passes (a service on loopback);
+    else, with none, every request but the open ones is refused (a service listening
+    beyond loopback whose last token was revoked fails closed).
+    """
+
+    def __init__(self, store: TokenStore, *, open_without_tokens: bool = True) -> None:
         self.store = store
+        self.open_without_tokens = open_without_tokens
         self.sessions: dict[str, Session] = {}
 
     def open_session(self, info: TokenInfo) -> str:
+        now = time.monotonic()
+        # Forget the sessions idle too long; keep each token's newest few.
+        kept = [
+            (sid, s)
+            for sid, s in self.sessions.items()
+            if now - s.last_seen <= SESSION_IDLE_S and s.token in self.store.tokens()
+        ]
+        mine = [sid for sid, s in kept if s.token == info.name]
+        dropped = set(mine[: max(0, len(mine) - SESSIONS_PER_TOKEN + 1)])
+        self.sessions = {sid: s for sid, s in kept if sid not in dropped}
         session_id = secrets.token_urlsafe(32)
-        self.sessions[session_id] = Session(info.name, info.scope, time.monotonic())
+        self.sessions[session_id] = Session(info.name, info.digest, now)
         return session_id
 
-    def who(self, headers: dict[str, str]) -> tuple[str, Role] | None:
-        """The caller's token name and scope, from a bearer token or a session cookie;
-        None for nobody (or a token revoked since)."""
+    def who(self, headers: dict[str, str]) -> Caller | None:
+        """The caller, from a bearer token or a session cookie; None for nobody (or a
+        token revoked since)."""
         tokens = self.store.tokens()
         authorization = headers.get("authorization", "")
         if authorization.lower().startswith("bearer "):
             info = self.store.check(authorization[7:].strip())
-            return (info.name, info.scope) if info is not None else None
-        cookie = SimpleCookie(headers.get("cookie", ""))
-        morsel = cookie.get(COOKIE)
-        if morsel is None:
+            return Caller(info.name, info.scope, False) if info is not None else None
+        session_id = cookie_parser(headers.get("cookie", "")).get(COOKIE)
+        if session_id is None:
             return None
-        session = self.sessions.get(morsel.value)
+        session = self.sessions.get(session_id)
         now = time.monotonic()
         if session is None or now - session.last_seen > SESSION_IDLE_S:
-            self.sessions.pop(morsel.value, None)
+            self.sessions.pop(session_id, None)
             return None
-        if session.token not in tokens:
+        info = tokens.get(session.token)
+        if info is None or not hmac.compare_digest(info.digest, session.digest):
+            self.sessions.pop(session_id, None)
             return None
         session.last_seen = now
-        return session.token, tokens[session.token].scope
+        return Caller(info.name, info.scope, True)
 
-    def refusal(self, path: str, method: str, headers: dict[str, str]) -> Exception | None:
+    def refusal(
+        self, path: str, method: str, headers: dict[str, str], *, websocket: bool = False
+    ) -> Exception | None:
         """Why the request may not pass (UnauthorizedError, ForbiddenError), or None."""
-        if not self.store.enabled() or _is_open(path):
+        if _is_open(path):
             return None
+        if not self.store.enabled():
+            if self.open_without_tokens:
+                return None
+            return UnauthorizedError(
+                "this service listens beyond loopback and has no API token left: create "
+                "one (`kappaflow api token create NAME`)"
+            )
+        if self.store.broken is not None:
+            return UnauthorizedError(f"the service's tokens cannot be read: {self.store.broken}")
         caller = self.who(headers)
         if caller is None:
             return UnauthorizedError(
                 "this service needs an API token: send `Authorization: Bearer TOKEN` "
                 "(`kappaflow api token create`), or sign in on the dashboard"
             )
-        name, scope = caller
-        if _needs_admin(path, method) and scope is not Role.ADMIN:
-            return ForbiddenError(f"token {name!r} has the scope {scope}; this needs admin")
+        if caller.by_cookie and (websocket or method not in SAFE_METHODS):
+            # A cookie goes with any page's request to this host: only the service's own
+            # pages (the dashboard) may change things or open a socket with it.
+            origin = headers.get("origin")
+            if origin is None or urlsplit(origin).netloc != headers.get("host"):
+                return ForbiddenError(
+                    f"a request from {origin or 'an unknown page'} with the dashboard's "
+                    "session: send it from the dashboard, or with a bearer token"
+                )
+        if _needs_admin(path) and caller.scope is not Role.ADMIN:
+            return ForbiddenError(
+                f"token {caller.token!r} has the scope {caller.scope}; this needs admin"
+            )
         return None
 
 
 def _is_open(path: str) -> bool:
-    return path == "/" or path in OPEN or path.startswith(OPEN_PREFIXES)
+    return (
+        path == "/"
+        or path in OPEN
+        or any(path == prefix or path.startswith(prefix + "/") for prefix in OPEN_PREFIXES)
+    )
 
 
-def _needs_admin(path: str, _method: str) -> bool:
-    return path.startswith("/v1/tokens")
+def _needs_admin(path: str) -> bool:
+    return path == "/v1/tokens" or path.startswith("/v1/tokens/")
 
 
 class SignIn(BaseModel):
@@ -234,7 +312,7 @@ class NewToken(BaseModel):
 def add_auth(app: FastAPI, settings: Settings) -> None:
     """The door in front of every route, and the routes of sessions and tokens."""
     store = TokenStore(tokens_path(settings))
-    door = Door(store)
+    door = Door(store, open_without_tokens=loopback_host(settings.api.host))
     app.state.door = door
     # Pure ASGI: it guards WebSockets as well as HTTP, and streams pass through it.
     app.add_middleware(_Guard, door=door)
@@ -259,9 +337,9 @@ def add_auth(app: FastAPI, settings: Settings) -> None:
     def session(request: Request) -> dict[str, Any]:
         caller = door.who(dict(request.headers))
         return {
-            "tokens_required": store.enabled(),
-            "token": caller[0] if caller else None,
-            "scope": str(caller[1]) if caller else None,
+            "tokens_required": store.enabled() or not door.open_without_tokens,
+            "token": caller.token if caller else None,
+            "scope": str(caller.scope) if caller else None,
         }
 
     @app.delete("/v1/session", summary="Sign out: the session ends.")
@@ -301,7 +379,16 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = self.door.refusal(scope["path"], scope.get("method", "GET"), headers)
+        # The path the routes see: a root path the service is mounted under is not theirs.
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        refusal = self.door.refusal(
+            path,
+            scope.get("method", "GET"),
+            headers,
+            websocket=scope["type"] == "websocket",
+        )
         if refusal is None:
             await self.app(scope, receive, send)
             return
@@ -316,3 +403,11 @@ class _Guard:
             headers={"WWW-Authenticate": "Bearer"} if status == 401 else None,
         )
         await answer(scope, receive, send)
+
+
+def loopback_host(host: str) -> bool:
+    """Whether ``host`` is this machine only (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -29,13 +29,15 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 from fastapi import FastAPI, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
@@ -60,6 +62,10 @@ KEPT_RECORDS = 100_000
 READY_TIMEOUT_S = 30.0
 #: A subscriber with no change for this long gets a keep-alive (an SSE comment).
 KEEPALIVE_S = 15.0
+#: A hub without a subscriber for this long stops, and forgets what it held.
+IDLE_S = 300.0
+#: Reader errors after which the topic cannot be followed: it was deleted.
+_GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION)
 _POLL_S = 0.1
 _BATCH = 500
 
@@ -114,9 +120,10 @@ def _removes(change: Change) -> bool:
     if '"values"' not in change.value:
         return False
     try:
-        return json.loads(change.value).get("values", 0) is None
+        value = json.loads(change.value)
     except ValueError:
         return False
+    return isinstance(value, dict) and "values" in value and value["values"] is None
 
 
 @dataclass(frozen=True)
@@ -138,12 +145,20 @@ class Subscriber:
 
     def __init__(self, hub: Hub, start: Subscription, backlog: int) -> None:
         self.hub = hub
-        self.start = start
+        #: What it starts from, until sent (a snapshot, or kept records, can be large).
+        self._start: Subscription | None = start
         self.position = dict(start.position if start.resume is None else start.resume)
         self.backlog = backlog
         self.pending = 0
         self.dropped = False
+        #: Why the hub stopped feeding it, if it did.
+        self.failure: str | None = None
         self._queue: asyncio.Queue[list[Change] | None] = asyncio.Queue()
+
+    def fail(self, reason: str) -> None:
+        """Called on the event loop when the hub can feed it no more."""
+        self.failure = reason
+        self._queue.put_nowait(None)
 
     def offer(self, batch: list[Change]) -> None:
         """Called on the event loop with each batch the hub read; never waits."""
@@ -172,7 +187,9 @@ class Subscriber:
         """The events in order, (event, id, data), a batch of the topic's records at a
         time (an empty one for a keep-alive). SubscriberTooSlowError when the subscriber
         fell ``backlog`` records behind."""
-        start = self.start
+        start, self._start = self._start, None
+        if start is None:
+            raise RuntimeError("a subscriber's events are read once")
         if start.snapshot is not None:
             items = "[" + ",".join(start.snapshot) + "]"
             yield [("snapshot", encode_position(self.position), '{"items": ' + items + "}")]
@@ -181,16 +198,21 @@ class Subscriber:
                 yield self._new(read)
             if start.buffered:
                 yield self._new(start.buffered)
-            # Everything before the hub's position at subscription has been sent (what is
-            # left between are transaction markers).
-            for partition, offset in start.position.items():
-                self.position[partition] = max(self.position.get(partition, 0), offset)
+        position = start.position
+        del start
+        # Everything before the hub's position at subscription has been sent (what is
+        # left between are transaction markers).
+        for partition, offset in position.items():
+            self.position[partition] = max(self.position.get(partition, 0), offset)
         while True:
             try:
-                batch = await asyncio.wait_for(self._queue.get(), KEEPALIVE_S)
+                async with asyncio.timeout(KEEPALIVE_S):
+                    batch = await self._queue.get()
             except TimeoutError:
                 yield []
                 continue
+            if self.failure is not None:
+                raise PushUnavailableError(self.failure)
             if batch is None or self.dropped:
                 raise SubscriberTooSlowError(
                     f"dropped: more than {self.backlog} changes behind; resume with the "
@@ -212,15 +234,19 @@ class Subscriber:
         reader of this subscriber's own, in partition order."""
         if not ranges:
             return
-        reader = RangeReader(self.hub.kafka, self.hub.topic, ranges)
+        loop, pool = asyncio.get_running_loop(), self.hub.readers
+        # Kafka's client blocks: it runs on the push readers' own threads.
+        reader = await loop.run_in_executor(
+            pool, RangeReader, self.hub.kafka, self.hub.topic, ranges
+        )
         try:
             while True:
-                batch = await asyncio.to_thread(reader.next_batch)
+                batch = await loop.run_in_executor(pool, reader.next_batch)
                 if batch is None:
                     return
                 yield batch
         finally:
-            await asyncio.to_thread(reader.close)
+            await loop.run_in_executor(pool, reader.close)
 
 
 class RangeReader:
@@ -274,14 +300,25 @@ class Hub:
     records: deque[Change] = field(default_factory=deque)
     subscribers: set[Subscriber] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    ready: threading.Event = field(default_factory=threading.Event)
+    #: Set once the reader reached the topic's end, or failed (then ``failure`` says why).
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: threading.Event = field(default_factory=threading.Event)
     failure: str | None = None
+    #: Each partition's log start when the hub began: older positions are gone.
+    low: Position = field(default_factory=dict)
+    #: Threads for the subscribers' own Kafka reads (resuming from old positions).
+    readers: ThreadPoolExecutor | None = None
+    thread: threading.Thread | None = None
     #: Called with each batch's size on the reader's thread (the service's metrics).
     on_batch: Callable[[int], None] | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name=f"push:{self.topic}", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name=f"push:{self.topic}", daemon=True)
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and self.thread is not None and self.thread.is_alive()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -289,19 +326,35 @@ class Hub:
     def _run(self) -> None:
         try:
             client = consumer(self.kafka, **{"enable.partition.eof": True})
-        except Exception as exc:  # a bad client configuration: say so to subscribers
-            self.failure = f"cannot read {self.topic!r}: {exc}"
-            return
-        try:
-            self._read(client)
-        finally:
-            client.close()
+            try:
+                self._read(client)
+            finally:
+                client.close()
+        except Exception as exc:  # Kafka gone, a record it cannot take: say so to all
+            self._fail(f"reading {self.topic!r} failed: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        """Stops feeding: waiting subscriptions and subscribers learn why (KF873)."""
+        if self.failure is None:
+            self.failure = reason
+        self._settle()
+
+        def tell() -> None:
+            for subscriber in list(self.subscribers):
+                subscriber.fail(reason)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+            self.loop.call_soon_threadsafe(tell)
+
+    def _settle(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.settled.set)
 
     def _read(self, client: Any) -> None:
         metadata = client.list_topics(self.topic, timeout=self.kafka.timeout_s)
         described = metadata.topics.get(self.topic)
         if described is None or described.error is not None or not described.partitions:
-            self.failure = f"topic {self.topic!r} cannot be read: {described and described.error}"
+            self._fail(f"topic {self.topic!r} cannot be read: {described and described.error}")
             return
         partitions = sorted(described.partitions)
         with self.lock:
@@ -309,10 +362,18 @@ class Hub:
                 low, _ = client.get_watermark_offsets(
                     TopicPartition(self.topic, p), timeout=self.kafka.timeout_s
                 )
-                self.position[p] = self.base[p] = max(low, 0)
+                self.position[p] = self.base[p] = self.low[p] = max(low, 0)
         client.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
         at_end: set[int] = set()
+        settled = False
+        idle_since = time.monotonic()
         while not self.stopping.is_set():
+            if self.subscribers:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_S:
+                # Nobody for a while: its memory goes; the next subscriber starts anew.
+                self._fail(f"the reader of {self.topic!r} stopped after {IDLE_S:.0f} s idle")
+                return
             messages = client.consume(_BATCH, timeout=_POLL_S)
             batch: list[Change] = []
             with self.lock:
@@ -320,13 +381,16 @@ class Hub:
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
-                            at_end.add(message.partition())
+                            at_end.add(message.partition() or 0)
+                        elif error.fatal() or error.code() in _GONE:
+                            raise KafkaException(error)
                         continue
                     change = _change(message)
                     self._apply(change)
                     batch.append(change)
-            if not self.ready.is_set() and at_end >= set(partitions):
-                self.ready.set()
+            if not settled and at_end >= set(partitions):
+                settled = True
+                self._settle()
             if batch:
                 if self.on_batch is not None:
                     self.on_batch(len(batch))
@@ -352,13 +416,15 @@ class Hub:
     async def subscribe(self, last_event_id: str | None, backlog: int) -> Subscriber:
         """A subscriber from the latest snapshot, or resuming at ``last_event_id``."""
         resume = decode_position(last_event_id) if last_event_id is not None else None
-        ready = await asyncio.to_thread(self.ready.wait, READY_TIMEOUT_S)
-        if self.failure is not None:
-            raise PushUnavailableError(self.failure)
-        if not ready:
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await self.settled.wait()
+        except TimeoutError:
             raise PushUnavailableError(
                 f"the changes in {self.topic!r} were not read within {READY_TIMEOUT_S:.0f} s"
-            )
+            ) from None
+        if self.failure is not None:
+            raise PushUnavailableError(self.failure)
         with self.lock:
             start = self._start(resume)
             subscriber = Subscriber(self, start, backlog)
@@ -377,7 +443,14 @@ class Hub:
                 f"{self.topic!r} (now at {encode_position(position)})"
             )
         # A partition the id leaves out (added since) is read from its start.
-        wanted = {p: resume.get(p, 0) for p in position}
+        wanted = {p: resume.get(p, self.low[p]) for p in position}
+        gone = [p for p in position if wanted[p] < self.low[p]]
+        if gone:
+            raise BadResumePointError(
+                f"last event id {encode_position(resume)!r} is older than what {self.topic!r} "
+                f"keeps (it starts at {encode_position(self.low)}): subscribe without an id "
+                "for a snapshot"
+            )
         if all(wanted[p] >= self.base[p] for p in position):
             buffered = [c for c in self.records if c.offset >= wanted[c.partition]]
             return Subscription(position, wanted, None, buffered, {})
@@ -395,6 +468,7 @@ class PushHubs:
         self.settings = settings
         self.jobs = JobManager(settings)
         self._hubs: dict[str, Hub] = {}
+        self.readers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="push-resume")
         self.on_batch: Callable[[str, int], None] | None = None
 
     def topic(self, job: str, output: str) -> str:
@@ -416,8 +490,10 @@ class PushHubs:
 
     def hub(self, topic: str) -> Hub:
         hub = self._hubs.get(topic)
-        if hub is None or hub.failure is not None:
-            hub = Hub(self.settings.kafka, topic, asyncio.get_running_loop())
+        if hub is None or not hub.alive:
+            if hub is not None:
+                hub.stop()
+            hub = Hub(self.settings.kafka, topic, asyncio.get_running_loop(), readers=self.readers)
             if self.on_batch is not None:
                 report = self.on_batch
                 hub.on_batch = lambda n: report(topic, n)
@@ -436,9 +512,12 @@ class PushHubs:
         for hub in self._hubs.values():
             hub.stop()
         self._hubs.clear()
+        self.readers.shutdown(wait=False, cancel_futures=True)
 
 
 def _sse(event: str, event_id: str, data: str) -> str:
+    if "\n" in data:  # a record's JSON is one line; a value with line breaks keeps them
+        data = data.replace("\n", "\ndata: ")
     return f"id: {event_id}\nevent: {event}\ndata: {data}\n\n"
 
 
@@ -540,9 +619,8 @@ def add_push_routes(app: FastAPI, settings: Settings) -> None:
 
 async def _until_closed(websocket: WebSocket) -> None:
     """Reads (and ignores) what the client sends, until it closes."""
-    with contextlib.suppress(WebSocketDisconnect):
-        while True:
-            await websocket.receive_text()
+    while (await websocket.receive())["type"] != "websocket.disconnect":
+        pass
 
 
 async def _close(websocket: WebSocket, exc: KappaflowError) -> None:

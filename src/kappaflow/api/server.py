@@ -10,7 +10,6 @@ refused.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import sys
@@ -66,14 +65,10 @@ def settings_json(settings: Settings) -> str:
 def check_bind(settings: Settings) -> None:
     """Refuse an address other than loopback while the service has no API tokens: its
     answers hold every job's results, and it would give them to anyone."""
-    from kappaflow.api.auth import TokenStore, tokens_path
+    from kappaflow.api.auth import TokenStore, loopback_host, tokens_path
 
     host = settings.api.host
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback and not TokenStore(tokens_path(settings)).enabled():
+    if not loopback_host(host) and not TokenStore(tokens_path(settings)).tokens():
         raise ApiBindRefusedError(
             f"the service would listen on {host}, beyond this machine, and it has no API "
             "tokens to refuse strangers with: create one (`kappaflow api token create "

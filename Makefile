@@ -74,6 +74,7 @@ bench: setup
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) iot-models --out bench-results/iot-models
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) iot-ingest --out bench-results/iot-ingest
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) iot-latency --out bench-results/iot-latency
+	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) push --out bench-results/push
 	$(BIN)/kappaflow-bench --state-dir $(STATE_DIR) ysb-sweep --rates 20000,50000,100000 \
 		--duration 30 --warmup 60 --out bench-results/ysb-sweep
 

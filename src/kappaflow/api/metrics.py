@@ -294,7 +294,7 @@ class ConsumerLagCollector(Collector):
         )
         try:
             found = consumer_lag(self.kafka)
-        except KafkaClusterError:
+        except (KafkaClusterError, TimeoutError):  # down, or too slow for this scrape
             up.add_metric([], 0.0)
             yield up
             return

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from confluent_kafka import (
@@ -45,6 +48,7 @@ from kappaflow.errors import (
     PartitionNotFoundError,
     TopicFollowerTooSlowError,
 )
+from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe
 from kappaflow.kafka.records import StartAt, _start_offsets
 from kappaflow.kafka.topics import INTERNAL_PREFIX, topic_partitions
@@ -75,11 +79,14 @@ def add_topic_routes(app: FastAPI, settings: Settings) -> None:
     async def kafka_down(_request: Request, exc: KafkaUnreachableError) -> JSONResponse:
         return JSONResponse({"code": exc.code, "error": str(exc)}, status_code=503)
 
+    # The embedded broker's log directory: each partition's size on disk, read there.
+    log_dir = EmbeddedBroker(settings).data_dir if settings.kafka.embedded else None
+
     @app.get("/v1/topics", summary="The topics: partitions, records and recent rate.")
     def list_topics(
         internal: Annotated[bool, Query(description="include internal topics")] = False,
     ) -> dict[str, Any]:
-        return {"items": topic_summaries(kafka, include_internal=internal)}
+        return {"items": topic_summaries(kafka, include_internal=internal, log_dir=log_dir)}
 
     @app.get(
         "/v1/topics/{topic}/records",
@@ -145,8 +152,11 @@ def add_topic_routes(app: FastAPI, settings: Settings) -> None:
 # The topics.
 
 
-def topic_summaries(kafka: KafkaSettings, *, include_internal: bool) -> list[dict[str, Any]]:
-    """Each topic by name: partitions, records, records per second over the last minute.
+def topic_summaries(
+    kafka: KafkaSettings, *, include_internal: bool, log_dir: Path | None = None
+) -> list[dict[str, Any]]:
+    """Each topic by name: partitions, records, records per second over the last minute,
+    and, given the broker's log directory (the embedded broker's), its bytes on disk.
 
     The record count is end minus start offset per partition: in a topic written in
     transactions it counts the transactions' commit markers too. The rate counts the
@@ -177,9 +187,24 @@ def topic_summaries(kafka: KafkaSettings, *, include_internal: bool) -> list[dic
                 "records": total,
                 "records_last_minute": stamped,
                 "rate_per_s": round(stamped / RATE_WINDOW_S, 3),
+                "bytes_on_disk": _disk_bytes(log_dir, name, parts),
             }
         )
     return rows
+
+
+def _disk_bytes(log_dir: Path | None, name: str, partitions: list[int]) -> int | None:
+    """The size of the topic's partition directories (segments and indexes), or None
+    without a log directory to read (a broker elsewhere)."""
+    if log_dir is None:
+        return None
+    total = 0
+    for partition in partitions:
+        with contextlib.suppress(OSError):  # a segment deleted while listed
+            for entry in os.scandir(log_dir / f"{name}-{partition}"):
+                if entry.is_file():
+                    total += entry.stat().st_size
+    return total
 
 
 def list_offsets(

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,7 +21,6 @@ from conftest import RunCli, start_clean_job
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
 from kappaflow.kafka.records import StartAt, read_records
-from kappaflow.procs import free_port
 from kappaflow.settings import Settings
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.waiting import wait_for
@@ -34,7 +34,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     """A standalone master and one worker from PySpark's own distribution."""
     home = Path(pyspark.__file__).parent
     work = tmp_path_factory.mktemp("standalone")
-    port, ui = free_port(), free_port()
+    port, ui, worker_ui = _distinct_ports(3)
     # The standalone master and worker listen on loopback only, as the tests' drivers do.
     env = {
         **os.environ,
@@ -71,7 +71,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
                     "--memory",
                     "2g",
                     "--webui-port",
-                    str(free_port()),
+                    str(worker_ui),
                     "--work-dir",
                     str(work / "work"),
                 ],
@@ -100,6 +100,17 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=60)
+
+
+def _distinct_ports(n: int) -> list[int]:
+    """``n`` free ports, all different: each is held while the next is picked (two picks
+    one after the other can be the same port, and two JVMs starting at once then race
+    for it: the master's status page was once a worker's)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _master_state(status_url: str) -> dict[str, Any]:

@@ -25,14 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as time_of_day
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import duckdb
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
@@ -229,7 +225,7 @@ def lake_connection(
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, list[tuple[LakeTable, list[Manifest]]]]]:
     """A locked-down connection with a view per lake table; the tables and their
     manifests (empty for a table without a committed batch, which has no view)."""
-    from kappaflow.streams.lake_read import committed_manifests
+    from kappaflow.streams.lake_read import committed_dataset, committed_manifests
 
     con = duckdb.connect(":memory:")
     try:
@@ -240,7 +236,7 @@ def lake_connection(
             if not manifests:
                 continue
             source = f"_lake_{i}"
-            con.register(source, _committed_rows(table.location, manifests))
+            con.register(source, committed_dataset(table.location, manifests))
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(table.job)}")
             con.execute(f"CREATE VIEW {table.qualified} AS SELECT * FROM {_ident(source)}")
         for statement in _LOCK_DOWN:
@@ -248,38 +244,6 @@ def lake_connection(
         yield con, tables
     finally:
         con.close()
-
-
-def _committed_rows(root: str, manifests: list[Manifest]) -> ds.Dataset | pa.Table:
-    """The files the manifests list, as one dataset with the latest manifest's schema;
-    partition columns come from the ``key=value`` directories."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    filesystem, base = _filesystem(root)
-    latest = manifests[-1]
-    schema = to_arrow_schema(StructType.fromJson(latest.schema), timezone="UTC")
-    files = [f"{base}/{f.path}" for m in manifests for f in m.files]
-    if not files:
-        return schema.empty_table()
-    partitions = pa.schema([schema.field(name) for name in latest.partition_by])
-    return ds.dataset(
-        files,
-        schema=schema,
-        format="parquet",
-        filesystem=filesystem,
-        partitioning=ds.partitioning(partitions, flavor="hive"),
-        partition_base_dir=base,
-    )
-
-
-def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system of a table's location, and the location's path in it (a
-    Hadoop ``s3a://`` location is pyarrow's ``s3://``)."""
-    if "://" in root or root.startswith("file:"):
-        filesystem, path = pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", root))
-        return filesystem, str(path).rstrip("/")
-    return pafs.LocalFileSystem(), str(Path(root).resolve())
 
 
 def _check_statement(con: duckdb.DuckDBPyConnection, sql: str) -> None:

@@ -12,6 +12,7 @@ With a SparkSession the manifests are read through Hadoop (any Hadoop path). Wit
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,7 +81,14 @@ def committed_files(spark: SparkSession | None, root: str) -> list[str]:
 
 def read_arrow(root: str) -> pa.Table:
     """The committed rows as an Arrow table (empty, without columns, before any batch)."""
-    manifests = committed_manifests(None, root)
+    rows = committed_dataset(root, committed_manifests(None, root))
+    return rows if isinstance(rows, pa.Table) else rows.to_table()
+
+
+def committed_dataset(root: str, manifests: list[Manifest]) -> ds.Dataset | pa.Table:
+    """The files ``manifests`` list as one pyarrow dataset with the latest manifest's
+    schema, partition columns from the ``key=value`` directories; an empty table while
+    there is no file (without columns before any batch)."""
     if not manifests:
         return pa.table({})
     arrow_fs, base = _arrow_fs(root)
@@ -90,7 +98,7 @@ def read_arrow(root: str) -> pa.Table:
     if not files:
         return schema.empty_table()
     partitions = pa.schema([schema.field(name) for name in latest.partition_by])
-    dataset = ds.dataset(
+    return ds.dataset(
         files,
         schema=schema,
         format="parquet",
@@ -98,7 +106,6 @@ def read_arrow(root: str) -> pa.Table:
         partitioning=ds.partitioning(partitions, flavor="hive"),
         partition_base_dir=base,
     )
-    return dataset.to_table()
 
 
 def read_spark(spark: SparkSession, root: str) -> DataFrame:
@@ -151,8 +158,10 @@ def _quote(text: str) -> str:
 
 
 def _arrow_fs(root: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system of a table's location, and the location's path in it (a
+    Hadoop ``s3a://`` location is pyarrow's ``s3://``)."""
     if "://" in root or root.startswith("file:"):
-        arrow_fs, path = pafs.FileSystem.from_uri(root)
+        arrow_fs, path = pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", root))
         return arrow_fs, str(path).rstrip("/")
     return pafs.LocalFileSystem(), str(Path(root).resolve())
 

@@ -45,9 +45,11 @@ from kappaflow.errors import (
     ApiBadRequestError,
     DuplicateTokenError,
     ForbiddenError,
+    KappaflowError,
     TokenFileError,
     UnauthorizedError,
     UnknownTokenError,
+    http_status,
 )
 from kappaflow.settings import Settings
 from kappaflow.timeutil import iso
@@ -253,7 +255,7 @@ class Door:
 
     def refusal(
         self, path: str, method: str, headers: dict[str, str], *, websocket: bool = False
-    ) -> Exception | None:
+    ) -> KappaflowError | None:
         """Why the request may not pass (UnauthorizedError, ForbiddenError), or None."""
         if _is_open(path):
             return None
@@ -392,8 +394,7 @@ class _Guard:
         if refusal is None:
             await self.app(scope, receive, send)
             return
-        status = 401 if isinstance(refusal, UnauthorizedError) else 403
-        code = getattr(refusal, "code", "KF890")
+        status, code = http_status(refusal), refusal.code
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 4000 + status, "reason": code})
             return

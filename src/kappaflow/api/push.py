@@ -31,7 +31,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -309,8 +309,6 @@ class Hub:
     #: Threads for the subscribers' own Kafka reads (resuming from old positions).
     readers: ThreadPoolExecutor | None = None
     thread: threading.Thread | None = None
-    #: Called with each batch's size on the reader's thread (the service's metrics).
-    on_batch: Callable[[int], None] | None = None
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name=f"push:{self.topic}", daemon=True)
@@ -392,8 +390,6 @@ class Hub:
                 settled = True
                 self._settle()
             if batch:
-                if self.on_batch is not None:
-                    self.on_batch(len(batch))
                 self.loop.call_soon_threadsafe(self._dispatch, batch)
 
     def _apply(self, change: Change) -> None:
@@ -469,7 +465,6 @@ class PushHubs:
         self.jobs = JobManager(settings)
         self._hubs: dict[str, Hub] = {}
         self.readers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="push-resume")
-        self.on_batch: Callable[[str, int], None] | None = None
 
     def topic(self, job: str, output: str) -> str:
         """The Kafka topic the job's output writes (KF601, KF852, KF870)."""
@@ -494,9 +489,6 @@ class PushHubs:
             if hub is not None:
                 hub.stop()
             hub = Hub(self.settings.kafka, topic, asyncio.get_running_loop(), readers=self.readers)
-            if self.on_batch is not None:
-                report = self.on_batch
-                hub.on_batch = lambda n: report(topic, n)
             self._hubs[topic] = hub
             hub.start()
         return hub
@@ -504,9 +496,6 @@ class PushHubs:
     def find(self, topic: str) -> Hub | None:
         """The hub of ``topic``, if a subscriber started it."""
         return self._hubs.get(topic)
-
-    def subscribers(self) -> Iterable[tuple[str, int]]:
-        return [(topic, len(hub.subscribers)) for topic, hub in self._hubs.items()]
 
     def close(self) -> None:
         for hub in self._hubs.values():

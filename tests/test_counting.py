@@ -25,6 +25,7 @@ from live_jobs import send_json, stop_if_running, topic_values, wait_job
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
@@ -75,12 +76,12 @@ def expected(values: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
 
 
 def store_counts(settings: Settings, job: str) -> dict[tuple[str, int], int]:
-    store = CountStore(redis.Redis.from_url(settings.redis.effective_url), job)
+    store = CountStore(redis_client(settings), job)
     return {(w.key, w.window_start): w.count for w in store.windows()}
 
 
 def stats(settings: Settings, job: str) -> CountStats:
-    return CountStore(redis.Redis.from_url(settings.redis.effective_url), job).stats()
+    return CountStore(redis_client(settings), job).stats()
 
 
 def changelog(settings: Settings, job: str) -> list[dict[str, Any]]:

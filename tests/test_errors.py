@@ -100,6 +100,7 @@ def test_every_code_is_asserted_by_a_test() -> None:
         (errors.JobError, "KF600"),
         (errors.StreamError, "KF700"),
         (errors.GatewayError, "KF800"),
+        (errors.SecurityError, "KF900"),
     ],
 )
 def test_subsystem_codes(

@@ -879,6 +879,68 @@ class TopicFollowerTooSlowError(ApiError):
     status = 503
 
 
+# KF9xx: security: credentials, certificates, users and access control lists.
+
+
+class SecurityError(KappaflowError, PermissionError):
+    """A security failure that names no condition of its own."""
+
+    code = "KF900"
+
+
+class AuthenticationFailedError(SecurityError):
+    """The broker refused the credentials: an unknown user or a wrong password."""
+
+    code = "KF901"
+
+
+class NotAuthorizedError(SecurityError):
+    """The broker refused an operation: no access control list allows it to this user."""
+
+    code = "KF902"
+
+
+class TlsHandshakeError(SecurityError):
+    """The TLS handshake with the broker failed: its certificate is not signed by the
+    trusted authority, is expired, or does not name the address connected to."""
+
+    code = "KF903"
+
+
+class SecurityMaterialError(SecurityError):
+    """The state directory's secrets or certificates cannot be read, or no longer match
+    what the broker keeps."""
+
+    code = "KF904"
+
+
+class UnknownKafkaUserError(SecurityError, LookupError):
+    """No Kafka user of that name."""
+
+    code = "KF905"
+
+
+class InvalidAclError(SecurityError, ValueError):
+    """An access rule that cannot be: an unknown operation or resource kind, or a user
+    name, password or resource name Kafka would refuse."""
+
+    code = "KF906"
+    exit_code = 2
+
+
+class SecurityUnavailableError(SecurityError):
+    """Users and access control lists were asked of a broker whose security is off."""
+
+    code = "KF907"
+
+
+class SecurityModeError(SecurityError):
+    """The embedded broker runs with security on and was asked to run with it off, or the
+    other way round: a running broker keeps its mode."""
+
+    code = "KF908"
+
+
 def http_status(exc: KappaflowError) -> int:
     """The HTTP status the service answers ``exc`` with: its own, else by its kind."""
     status = getattr(exc, "status", None)

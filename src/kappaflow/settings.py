@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -55,6 +63,11 @@ class KafkaSettings(_Section):
         default=9093, ge=1, le=65535, description="embedded broker's KRaft controller port"
     )
     heap: str = Field(default="512m", description="embedded broker's JVM heap (-Xmx)")
+    secure: bool | None = Field(
+        default=None,
+        description="embedded broker with SASL/SCRAM over TLS and ACLs, Redis with a password; "
+        "unset: as the broker was last started",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
@@ -195,6 +208,13 @@ class RedisSettings(_Section):
     binary: Path | None = Field(
         default=None, description="redis-server to run; default: PATH, then the bundled one"
     )
+    username: str | None = Field(default=None, description="Redis ACL user of the clients")
+    password: SecretStr | None = Field(default=None, description="that user's password")
+
+    @property
+    def secret(self) -> str | None:
+        """The password in clear, for the client (None: no password)."""
+        return self.password.get_secret_value() if self.password is not None else None
 
     @property
     def embedded(self) -> bool:
@@ -276,6 +296,54 @@ class Settings(BaseSettings):
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
 
+    @model_validator(mode="after")
+    def _secured(self) -> Settings:
+        """With the embedded broker secure, every client gets the admin's credentials and
+        the state directory's authority, and Redis's clients its password: kept in
+        ``<state_dir>/security`` and never typed."""
+        if not self.kafka.embedded:
+            if self.kafka.secure:
+                raise ValueError(
+                    "kafka.secure is for the embedded broker; for a cluster of your own set "
+                    "kafka.security_protocol, sasl_* and ssl_ca_location"
+                )
+            return self
+        if not self.secure:
+            return self
+        from kappaflow.security import ADMIN_USER, REDIS_USER, SecurityHome
+
+        home = SecurityHome(self.state_dir)
+        made = home.secrets()
+        kafka = self.kafka.model_copy(
+            update={
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_username": self.kafka.sasl_username or ADMIN_USER,
+                "sasl_password": self.kafka.sasl_password or SecretStr(made.admin_password),
+                "ssl_ca_location": self.kafka.ssl_ca_location or home.ca_cert,
+            }
+        )
+        object.__setattr__(self, "kafka", kafka)
+        if self.redis.embedded:
+            redis = self.redis.model_copy(
+                update={
+                    "username": self.redis.username or REDIS_USER,
+                    "password": self.redis.password or SecretStr(made.redis_password),
+                }
+            )
+            object.__setattr__(self, "redis", redis)
+        return self
+
+    @property
+    def secure(self) -> bool:
+        """True if the embedded services run secured: as ``kafka.secure`` says, or, where
+        it is unset, as the embedded broker was last started."""
+        if not self.kafka.embedded:
+            return False
+        if self.kafka.secure is not None:
+            return self.kafka.secure
+        return secure_marker(self.state_dir).exists()
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -316,6 +384,11 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.state_dir / "jobs"
+
+
+def secure_marker(state_dir: Path) -> Path:
+    """The file whose presence says the embedded broker was last started secure."""
+    return state_dir / "kafka" / "secure"
 
 
 @dataclass(frozen=True)

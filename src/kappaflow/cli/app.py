@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from kappaflow import __version__
+from kappaflow.cli import access, count, data, demo, iot, jobs, services, sql, topics
 from kappaflow.cli import api as _api_serve  # noqa: F401 (adds `api serve`)
-from kappaflow.cli import count, data, demo, iot, jobs, services, sql, topics
 from kappaflow.cli.context import Context, settings_options
 
 
@@ -43,5 +43,6 @@ for _command in (
     *count.COMMANDS,
     *iot.COMMANDS,
     sql.sql,
+    *access.COMMANDS,
 ):
     cli.add_command(_command)

@@ -38,6 +38,13 @@ class Context:
         )
         return cls(config_file, overrides)
 
+    def secured(self, secure: bool | None) -> Settings:
+        """The settings with ``kafka.secure`` as a command's ``--secure/--no-secure`` says
+        (unchanged when neither was given)."""
+        if secure is None:
+            return self.settings
+        return load_settings(self.config_file, self.overrides, kafka={"secure": secure})
+
     @property
     def settings(self) -> Settings:
         if self._settings is None:

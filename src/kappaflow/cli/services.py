@@ -79,16 +79,29 @@ def kafka() -> None:
     """The embedded single-node Kafka broker (KRaft)."""
 
 
+def _secure_option(command: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--secure/--no-secure",
+        default=None,
+        help="SASL/SCRAM over TLS with ACLs, and Redis with a password (kept for later "
+        "commands) [default: as last started, or kafka.secure]",
+    )(command)
+
+
 @kafka.command("start")
+@_secure_option
 @pass_context
-def kafka_start(ctx: Context) -> None:
+def kafka_start(ctx: Context, secure: bool | None) -> None:
     """Start the broker and wait until it answers."""
-    broker = _embedded_kafka(ctx)
+    if not ctx.settings.kafka.embedded:
+        _embedded_kafka(ctx)
+    broker = EmbeddedBroker(ctx.secured(secure))
     stale = broker.process.clear_stale()
     if stale is not None:
         say(f"removed a stale pid file (pid {stale} is not a kappaflow broker)")
     started = broker.start()
-    say(f"kafka {'started' if started else 'already running'} on {broker.bootstrap}")
+    mode = " (SASL_SSL, SCRAM-SHA-512, ACLs)" if broker.secure else ""
+    say(f"kafka {'started' if started else 'already running'} on {broker.bootstrap}{mode}")
 
 
 @kafka.command("stop")
@@ -196,11 +209,12 @@ api = _url_service(
 
 
 @click.command()
+@_secure_option
 @pass_context
-def up(ctx: Context) -> None:
+def up(ctx: Context, secure: bool | None) -> None:
     """Start every embedded service (Kafka, Redis, MQTT) and the kappaflow service (the
     HTTP API) where they are not running."""
-    for line in svc.up(ctx.settings):
+    for line in svc.up(ctx.secured(secure)):
         say(line)
 
 

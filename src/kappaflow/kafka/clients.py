@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from kappaflow.errors import KafkaClusterError, KafkaUnreachableError
+from kappaflow.errors import (
+    AuthenticationFailedError,
+    KafkaClusterError,
+    KafkaUnreachableError,
+    NotAuthorizedError,
+    SecurityError,
+    TlsHandshakeError,
+)
 from kappaflow.settings import KafkaSettings
 
 # librdkafka logs connection failures to stderr on its own; the CLI reports them once.
@@ -66,19 +73,77 @@ def consumer(kafka: KafkaSettings, **extra: Any) -> Consumer:
     return Consumer(config)
 
 
+class _SecurityErrors:
+    """librdkafka's error callback: keeps the first authentication or TLS failure, which
+    a metadata request that fails reports only as a transport failure."""
+
+    def __init__(self) -> None:
+        self.first: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if self.first is None and err.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self.first = err
+
+
 def cluster_metadata(kafka: KafkaSettings, topic: str | None = None) -> ClusterMetadata:
-    """Cluster metadata, or a KafkaClusterError that says the cluster cannot be reached."""
-    client = admin(kafka)
+    """Cluster metadata, or a KafkaClusterError that says the cluster cannot be reached
+    (a SecurityError where it refused the credentials or the TLS handshake failed)."""
+    seen = _SecurityErrors()
+    config: dict[str, Any] = {**kafka.client_config(), **_QUIET, "error_cb": seen}
+    client = AdminClient(config)
     try:
         metadata = client.list_topics(topic=topic, timeout=kafka.timeout_s)
     except KafkaException as exc:
-        raise unreachable(kafka, exc) from None
+        client.poll(0.1)  # serves the error callbacks queued meanwhile
+        cause = KafkaException(seen.first) if seen.first is not None else exc
+        raise unreachable(kafka, cause) from None
     if not metadata.brokers:
         raise unreachable(kafka, None)
     return metadata
 
 
-def unreachable(kafka: KafkaSettings, exc: BaseException | None) -> KafkaClusterError:
+_AUTHORIZATION = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.DELEGATION_TOKEN_AUTHORIZATION_FAILED,
+    }
+)
+
+
+def kafka_error(kafka: KafkaSettings, exc: BaseException) -> SecurityError | None:
+    """The security failure ``exc`` is, as our error; None if it is none."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if not isinstance(err, KafkaError):
+        return None
+    code, text = err.code(), describe(exc)
+    if code in _AUTHORIZATION:
+        return NotAuthorizedError(
+            f"Kafka refused this to {kafka.sasl_username or 'an anonymous client'}: {text} "
+            "(an ACL must allow it: `kappaflow acls grant`)"
+        )
+    if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+        return AuthenticationFailedError(
+            f"Kafka at {kafka.bootstrap} refused the credentials of "
+            f"{kafka.sasl_username or 'this client'}: {text}"
+        )
+    if code == KafkaError._SSL:
+        return TlsHandshakeError(
+            f"the TLS handshake with Kafka at {kafka.bootstrap} failed: {text} (is "
+            "kafka.ssl_ca_location the authority that signed the broker's certificate?)"
+        )
+    return None
+
+
+def unreachable(
+    kafka: KafkaSettings, exc: BaseException | None
+) -> KafkaClusterError | SecurityError:
+    if exc is not None:
+        refused = kafka_error(kafka, exc)
+        if refused is not None:
+            return refused
     hint = "start it with `kappaflow kafka start`" if kafka.embedded else "check bootstrap_servers"
     detail = f" ({describe(exc)})" if exc is not None else ""
     return KafkaUnreachableError(f"cannot reach Kafka at {kafka.bootstrap}{detail}: {hint}")

@@ -11,11 +11,12 @@ from confluent_kafka.admin import ConfigResource, NewTopic
 from kappaflow.errors import (
     InvalidPairError,
     KafkaRequestError,
+    KappaflowError,
     OutOfRangeError,
     TopicExistsError,
     TopicNotFoundError,
 )
-from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe
+from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe, kafka_error
 from kappaflow.settings import KafkaSettings
 
 INTERNAL_PREFIX = "__"
@@ -73,7 +74,7 @@ def create_topic(
             if exist_ok:
                 return False
             raise TopicExistsError(f"topic {name!r} already exists") from None
-        raise KafkaRequestError(f"cannot create topic {name!r}: {describe(exc)}") from None
+        raise refused(kafka, exc, f"cannot create topic {name!r}") from None
     return True
 
 
@@ -127,7 +128,7 @@ def describe_topic(kafka: KafkaSettings, name: str) -> dict[str, Any]:
     try:
         entries = client.describe_configs([resource])[resource].result(timeout=kafka.timeout_s)
     except KafkaException as exc:
-        raise KafkaRequestError(f"cannot read configs of {name!r}: {describe(exc)}") from None
+        raise refused(kafka, exc, f"cannot read configs of {name!r}") from None
     configs = {
         key: entry.value
         for key, entry in sorted(entries.items())
@@ -149,4 +150,9 @@ def delete_topic(kafka: KafkaSettings, name: str) -> None:
     try:
         future.result(timeout=kafka.timeout_s)
     except KafkaException as exc:
-        raise KafkaRequestError(f"cannot delete topic {name!r}: {describe(exc)}") from None
+        raise refused(kafka, exc, f"cannot delete topic {name!r}") from None
+
+
+def refused(kafka: KafkaSettings, exc: KafkaException, what: str) -> KappaflowError:
+    """A failed request as our error: a security refusal as such, else a request error."""
+    return kafka_error(kafka, exc) or KafkaRequestError(f"{what}: {describe(exc)}")

@@ -10,7 +10,12 @@ from kappaflow.settings import Settings
 
 def redis_client(settings: Settings) -> redis.Redis:
     """A connected client; a ServiceError with the fix if Redis does not answer."""
-    client = redis.Redis.from_url(settings.redis.effective_url, socket_timeout=30)
+    client = redis.Redis.from_url(
+        settings.redis.effective_url,
+        socket_timeout=30,
+        username=settings.redis.username,
+        password=settings.redis.secret,
+    )
     try:
         client.ping()
     except redis.RedisError as exc:

@@ -6,6 +6,8 @@ The binary is the machine's ``redis-server`` when there is one, else the one the
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +17,13 @@ import redis
 from kappaflow.errors import (
     PortInUseError,
     RedisNotFoundError,
+    SecurityMaterialError,
     ServiceExitedError,
     ServiceStartTimeoutError,
     StateDirError,
 )
 from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
+from kappaflow.security import REDIS_USER
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 
@@ -117,8 +121,16 @@ class EmbeddedRedis:
             "--logfile",
             "",
         ]
+        if self.settings.secure:
+            argv += ["--aclfile", str(self._write_acl())]
         self.process.spawn(argv, log_file=self.home / "redis.log")
-        client = redis.Redis(host=host, port=port, socket_timeout=1.0)
+        client = redis.Redis(
+            host=host,
+            port=port,
+            socket_timeout=1.0,
+            username=self.settings.redis.username,
+            password=self.settings.redis.secret,
+        )
         pid = self.process.status().pid
 
         def ready() -> bool | None:
@@ -142,6 +154,20 @@ class EmbeddedRedis:
         finally:
             client.close()
         return True
+
+    def _write_acl(self) -> Path:
+        """Redis's users when security is on: no default user (a client without the
+        password gets nothing), and kappaflow's, known by its password's SHA-256."""
+        password = self.settings.redis.password
+        user = self.settings.redis.username or REDIS_USER
+        if password is None:
+            raise SecurityMaterialError("security is on and Redis has no password")
+        digest = hashlib.sha256(password.get_secret_value().encode()).hexdigest()
+        path = self.home / "users.acl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"user default off\nuser {user} on #{digest} ~* &* +@all\n")
+        return path
 
     def stop(self, *, timeout: float = STOP_TIMEOUT_S) -> bool:
         self.process.clear_stale()

@@ -65,6 +65,7 @@ SLOW_FILES = {
     "test_iot_models.py": 130,
     "test_spark_cluster.py": 120,
     "test_security.py": 120,
+    "test_savepoints.py": 120,
     "test_api.py": 90,
     "test_app_sessions.py": 80,
     "test_iot_learning.py": 80,

@@ -199,6 +199,13 @@ class MqttConnectError(ServiceError, ConnectionError):
     code = "KF308"
 
 
+class BrokerCountError(ServiceError, ValueError):
+    """The embedded Kafka was asked to start with another number of nodes than its
+    storage was made with."""
+
+    code = "KF310"
+
+
 # KF4xx: the Kafka cluster.
 
 
@@ -420,6 +427,62 @@ class CheckpointError(JobError, OSError):
     """A job's checkpoint could not be read where the job needs it (its offset log)."""
 
     code = "KF615"
+
+
+class SavepointNotFoundError(JobError, LookupError):
+    """The job has no savepoint of that label (or the path holds none)."""
+
+    code = "KF620"
+
+
+class SavepointJobMismatchError(JobError, ValueError):
+    """The savepoint was taken of another job than the one to start from it."""
+
+    code = "KF621"
+
+
+class SavepointIncompatibleError(JobError, ValueError):
+    """The job's code changed in a way its savepoint's state cannot take."""
+
+    code = "KF622"
+
+
+class SavepointExistsError(JobError, FileExistsError):
+    """The job already has a savepoint of that label."""
+
+    code = "KF623"
+
+
+class InvalidSavepointLabelError(JobError, ValueError):
+    """A savepoint label has characters other than letters, digits, '.', '_' and '-'."""
+
+    code = "KF624"
+
+
+class SavepointUnsupportedError(JobError):
+    """The job cannot have a savepoint taken: not on the job API, no checkpoint yet, or a
+    checkpoint or lake table on another machine's file system."""
+
+    code = "KF625"
+
+
+class SavepointDamagedError(JobError, OSError):
+    """A savepoint's manifest or files are missing or unreadable."""
+
+    code = "KF626"
+
+
+class RestoreIncompleteError(JobError):
+    """A start from a savepoint did not finish restoring the job: it starts from that
+    savepoint only."""
+
+    code = "KF627"
+
+
+class SavepointTimeoutError(JobError, TimeoutError):
+    """A running job's driver did not take the savepoint asked of it in time, or ended."""
+
+    code = "KF628"
 
 
 # KF7xx: jobs written on the job API (kappaflow.streams): their schemas, windows, sinks.

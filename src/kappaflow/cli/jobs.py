@@ -1,5 +1,5 @@
-"""``kappaflow jobs``: start, check, list, stop, remove and read the logs of streaming
-jobs."""
+"""``kappaflow jobs``: start, check, list, stop, remove, take savepoints of and read the
+logs of streaming jobs."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ def _app_options(command: Callable[..., None]) -> Callable[..., None]:
     )(command)
 
 
+def _from_savepoint(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option("--from-savepoint", metavar="LABEL", help=help_text)
+
+
 def _parsed_params(params: tuple[str, ...]) -> dict[str, str]:
     parsed: dict[str, str] = {}
     for pair in params:
@@ -60,6 +64,7 @@ def _importable_here() -> None:
 @_app_options
 @click.option("--pipeline", help="a built-in pipeline (count, clean) or a Pipeline object")
 @click.option("--no-wait", is_flag=True, help="return at once instead of when the job runs")
+@_from_savepoint("start from savepoint LABEL (a label or a savepoint's folder)")
 @pass_context
 def start(
     ctx: Context,
@@ -68,11 +73,20 @@ def start(
     pipeline: str | None,
     params: tuple[str, ...],
     no_wait: bool,
+    from_savepoint: str | None,
 ) -> None:
-    """Start job NAME; a job started again resumes from its checkpoint."""
+    """Start job NAME; a job started again resumes from its checkpoint, or from a
+    savepoint: its checkpoint, with its sinks put back where the savepoint found them."""
     if (app is None) == (pipeline is None):
         raise ConflictingOptionsError("give exactly one of --app and --pipeline")
     _importable_here()
+    if from_savepoint is not None:
+        if app is None:
+            raise ConflictingOptionsError("--from-savepoint needs --app: a job on the job API")
+        from kappaflow.jobs.restore import restore
+
+        restored = restore(ctx.settings, name, app, _parsed_params(params), from_savepoint)
+        say(f"job {name} restored from savepoint {restored.label}")
     record = JobManager(ctx.settings).start(
         name,
         app or pipeline or "",
@@ -88,23 +102,92 @@ def start(
 @click.argument("name", required=False)
 @_app_options
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+@_from_savepoint("compare with savepoint LABEL instead of the job's checkpoint")
 @pass_context
 def check(
-    ctx: Context, name: str | None, app: str | None, params: tuple[str, ...], as_json: bool
+    ctx: Context,
+    name: str | None,
+    app: str | None,
+    params: tuple[str, ...],
+    as_json: bool,
+    from_savepoint: str | None,
 ) -> None:
     """Dry run: declare the job (NAME, default: the function's module) and print its plan:
     sources, outputs, sinks and guarantees. Nothing starts; a restart the job's
-    checkpoint cannot take is refused."""
+    checkpoint (or savepoint) cannot take is refused."""
     if app is None:
         raise ConflictingOptionsError("jobs check needs --app MODULE:FUNCTION")
     _importable_here()
-    from kappaflow.streams.check import check_app
+    if from_savepoint is not None:
+        from kappaflow.jobs.restore import check as check_savepoint
 
-    plan = check_app(ctx.settings, app, name, _parsed_params(params))
+        job_name = name or app.partition(":")[0].rsplit(".", 1)[-1]
+        _savepoint, plan = check_savepoint(
+            ctx.settings, job_name, app, _parsed_params(params), from_savepoint
+        )
+    else:
+        from kappaflow.streams.check import check_app
+
+        plan = check_app(ctx.settings, app, name, _parsed_params(params))
     if as_json:
         json_line(plan)
-    else:
-        show_plan(plan)
+        return
+    show_plan(plan)
+    for change in plan.get("savepoint", {}).get("changes", []):
+        where = f"output {change['output']}: " if change["output"] else ""
+        click.echo(f"    taken: {where}{change['change']} ({change['why']})")
+
+
+@jobs.command("savepoint")
+@click.argument("name")
+@click.option("--as", "label", metavar="LABEL", help="its label [default: the time, UTC]")
+@click.option(
+    "--timeout", default=120.0, show_default=True, help="seconds to wait for a running job"
+)
+@pass_context
+def savepoint(ctx: Context, name: str, label: str | None, timeout: float) -> None:
+    """Take a savepoint of job NAME, stopped or running: a copy of its checkpoint and of
+    its sinks' progress (commit markers, serving-store keys, lake batches), to start the
+    job from later (`jobs start --from-savepoint`). A running job's queries stop while it
+    is copied, then start again."""
+    from kappaflow.jobs.savepoints import take
+
+    taken = take(ctx.settings, name, label, timeout=timeout)
+    batches = ", ".join(f"{o} at batch {b}" for o, b in taken.summary()["batches"].items())
+    say(f"savepoint {taken.label} of job {name} taken ({batches}): {taken.path}")
+
+
+@jobs.command("savepoints")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="print JSON lines")
+@pass_context
+def savepoints(ctx: Context, name: str, as_json: bool) -> None:
+    """Job NAME's savepoints, oldest first: label, when taken (UTC) and while the job
+    was running or stopped, each output's last committed batch, the state's fingerprint
+    (damaged ones last, with what is wrong)."""
+    from kappaflow.jobs.savepoints import listing
+
+    rows = listing(ctx.settings, name)
+    if as_json:
+        for row in rows:
+            json_line(row)
+        return
+    table(
+        None,
+        ["label", "taken_at", "while", "batches", "plan"],
+        [
+            [r["label"], None, "damaged", r["damaged"], None]
+            if "damaged" in r
+            else [
+                r["label"],
+                r["taken_at"],
+                r["taken_while"],
+                " ".join(f"{o}@{b}" for o, b in r["batches"].items()),
+                r["plan_fingerprint"][:12],
+            ]
+            for r in rows
+        ],
+    )
 
 
 @jobs.command("status")

@@ -32,6 +32,7 @@ from kappaflow.errors import (
     JobRunningError,
     JobStartError,
     JobStartTimeoutError,
+    RestoreIncompleteError,
 )
 from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.procs import ManagedProcess, ProcState, tail
@@ -49,6 +50,9 @@ STOP_TIMEOUT_S = 60.0
 #: The job's plan as its driver declared it (``streams.runtime.describe``); a part's
 #: driver writes ``plan.PART.json`` beside it.
 PLAN = "plan.json"
+#: Present while a start from a savepoint restores the job (jobs/savepoints.py): names
+#: the savepoint; the job then starts from a savepoint only.
+RESTORING = "restoring.json"
 
 
 class JobState(StrEnum):
@@ -155,6 +159,14 @@ class JobManager:
         process = self._process(name)
         if process.status().state is ProcState.RUNNING:
             raise JobRunningError(f"job {name!r} is already running (pid {process.status().pid})")
+        if (home / RESTORING).exists():
+            # Its sinks, store and checkpoint may be half way back to the savepoint.
+            restoring = json.loads((home / RESTORING).read_text())
+            raise RestoreIncompleteError(
+                f"job {name!r} was being restored from savepoint {restoring['savepoint']!r} "
+                "and the restore did not finish: start it with --from-savepoint "
+                f"{restoring['savepoint']} (or another savepoint)"
+            )
         process.clear_stale()
         try:
             home.mkdir(parents=True, exist_ok=True)
@@ -246,6 +258,10 @@ class JobManager:
             record.ended_at = iso(datetime.now(UTC))
             record.save(self.job_dir(name) / "job.json")
         return record
+
+    def is_running(self, name: str) -> bool:
+        """Whether a driver of the job runs."""
+        return self._process(name).status().state is ProcState.RUNNING
 
     def check_stopped(self, name: str) -> None:
         """Raise unless no driver of the job runs (a job that is absent runs none)."""

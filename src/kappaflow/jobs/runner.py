@@ -4,7 +4,8 @@ It builds the session, starts the pipeline's queries and the job's parts (jobs/p
 records ``running``, then watches: SIGTERM or SIGINT stops the parts and the queries
 (each finishes or abandons its batch cleanly and the checkpoint stays consistent), a
 failed query or part ends the job as ``failed``, and queries that end by themselves
-(available-now) end it as ``finished``.
+(available-now) end it as ``finished``. A savepoint asked of the job (`jobs savepoint`)
+stops the queries as a stop does, is taken, and the queries start again.
 
 With ``--kappaflow-part=NAME`` it is the driver of one part of the job instead: the
 same, for the part's queries only, recording its state beside the job's, and stopping
@@ -18,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +31,7 @@ from kappaflow.errors import KappaflowError, UnknownPartError
 from kappaflow.jobs.manager import JobRecord, JobState, write_atomically
 from kappaflow.jobs.parts import PART_ARG, PartProcesses, write_part_state
 from kappaflow.jobs.pipeline import JobContext, load_pipeline
+from kappaflow.jobs.savepoints import answer_savepoint, savepoint_asked
 from kappaflow.timeutil import iso
 
 if TYPE_CHECKING:
@@ -46,6 +49,9 @@ PART_STOP_TIMEOUT_S = 30.0
 TRANSIENT = ("Python worker failed to connect back",)
 MAX_RESTARTS = 3
 RESTART_PAUSE_S = 5.0
+#: How long a savepoint waits for the job's queries to be between batches before it
+#: stops them in one: a batch takes seconds, a job that never rests runs them back to back.
+SAVEPOINT_QUIET_S = 30.0
 
 
 def main(argv: list[str]) -> int:
@@ -112,7 +118,22 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
         print(f"job {record.name} running: {len(queries)} queries, parts {parts.names}", flush=True)
     restarts = 0
     while True:
-        state, error = _watch(queries, stop, home / "progress.json", parts.failure)
+        state, error = _watch(
+            queries, stop, home / "progress.json", parts.failure, lambda: savepoint_asked(home)
+        )
+        if state is JobState.RUNNING:
+            # A savepoint is asked for: the queries stop as at a stop, which leaves their
+            # checkpoint and sinks consistent with each other; it is copied, and they start
+            # again from it (jobs/savepoints.py).
+            _between_batches(queries, stop)
+            for query in queries:
+                query.stop()
+            answer_savepoint(settings, home, record.name)
+            if stop.is_set():
+                state, error = JobState.STOPPED, None
+                break
+            queries = pipeline.start(ctx)
+            continue
         if state is not JobState.FAILED or restarts >= MAX_RESTARTS or not _transient(queries):
             break
         restarts += 1
@@ -134,6 +155,19 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     if state is JobState.STOPPED:
         spark.stop()
     return 1 if state is JobState.FAILED else 0
+
+
+def _between_batches(queries: list[Any], stop: threading.Event) -> None:
+    """Wait until no query runs a batch, at most SAVEPOINT_QUIET_S. A query stopped in a
+    batch abandons it, as at a stop: the checkpoint stays consistent and the batch runs
+    again, but the sinks it reached keep their part of it (the store its statistics),
+    which a start from the savepoint with changed code would not compute anew. Between
+    batches, a stop leaves nothing half done (but for a trigger that fires in between)."""
+    deadline = time.monotonic() + SAVEPOINT_QUIET_S
+    while time.monotonic() < deadline and not stop.is_set():
+        if not any(q.isActive and q.status["isTriggerActive"] for q in queries):
+            return
+        time.sleep(0.05)
 
 
 def _transient(queries: list[Any]) -> bool:
@@ -188,10 +222,11 @@ def _watch(
     stop: threading.Event,
     progress_path: Path,
     failure: Callable[[], str | None],
+    asked: Callable[[], bool] = lambda: False,
 ) -> tuple[JobState, str | None]:
     """Log batches and keep ``progress_path`` current until ``stop`` is set ("stopped"),
-    a query fails or ``failure`` names one ("failed", why), or every query has ended by
-    itself ("finished")."""
+    a query fails or ``failure`` names one ("failed", why), every query has ended by
+    itself ("finished"), or ``asked`` says a savepoint is asked for ("running")."""
     last_written = ""
     logged: dict[str, int] = {}
     while not stop.wait(POLL_S):
@@ -212,6 +247,8 @@ def _watch(
             return JobState.FAILED, other
         if all(not q.isActive for q in queries):
             return JobState.FINISHED, None
+        if asked():
+            return JobState.RUNNING, None
     return JobState.STOPPED, None
 
 

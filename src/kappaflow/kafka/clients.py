@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -91,12 +92,20 @@ def cluster_metadata(kafka: KafkaSettings, topic: str | None = None) -> ClusterM
     seen = _SecurityErrors()
     config: dict[str, Any] = {**kafka.client_config(), **_QUIET, "error_cb": seen}
     client = AdminClient(config)
-    try:
-        metadata = client.list_topics(topic=topic, timeout=kafka.timeout_s)
-    except KafkaException as exc:
-        client.poll(0.1)  # serves the error callbacks queued meanwhile
-        cause = KafkaException(seen.first) if seen.first is not None else exc
-        raise unreachable(kafka, cause) from None
+    deadline = time.monotonic() + kafka.timeout_s
+    while True:
+        # A second at a time: a refused password or certificate is final, and said at
+        # once rather than after the whole timeout.
+        wait = max(0.1, min(1.0, deadline - time.monotonic()))
+        try:
+            metadata = client.list_topics(topic=topic, timeout=wait)
+            break
+        except KafkaException as exc:
+            client.poll(0)  # serves the error callbacks queued meanwhile
+            if seen.first is not None:
+                raise unreachable(kafka, KafkaException(seen.first)) from None
+            if time.monotonic() >= deadline:
+                raise unreachable(kafka, exc) from None
     if not metadata.brokers:
         raise unreachable(kafka, None)
     return metadata

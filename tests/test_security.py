@@ -5,11 +5,15 @@ working through it without anyone typing a credential."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import socket
+import ssl
+import threading
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,6 +22,10 @@ import redis
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from conftest import Result, RunCli, error_line, make_settings, run_kappaflow, start_clean_job
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from live_jobs import send_json, stop_if_running, topic_values
 from service import serve
 from wire import can_capture, captured
@@ -304,3 +312,87 @@ def test_the_gateway_and_the_service_work_through_security(secured: Settings) ->
         assert service.get("/v1/health").json()["serving_store"] is True  # Redis, by password
         listed = {t["name"]: t for t in service.get("/v1/topics").json()["items"]}
     assert listed[gw.config.readings_topic]["records"] == 5
+
+
+def test_an_expired_certificate_is_refused(tmp_path: Path) -> None:
+    """A server whose certificate the trusted authority signed: expired, the handshake
+    fails and the command says so (KF903), naming no credential; the same server with a
+    current certificate passes the handshake (and, being no broker, is unreachable)."""
+    home = SecurityHome(tmp_path / "state")
+    home.ensure_tls(("127.0.0.1",))
+    settings = make_settings(tmp_path / "client", bootstrap_servers="127.0.0.1:1")
+    env = {
+        "KAPPAFLOW_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "KAPPAFLOW_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+        "KAPPAFLOW_KAFKA__SASL_USERNAME": "someone",
+        "KAPPAFLOW_KAFKA__SASL_PASSWORD": "whatever-it-is",
+        "KAPPAFLOW_KAFKA__SSL_CA_LOCATION": str(home.ca_cert),
+        "KAPPAFLOW_KAFKA__TIMEOUT_S": "4",
+    }
+    now = datetime.now(UTC)
+    for ends, code in ((now - timedelta(days=1), "KF903"), (now + timedelta(days=1), "KF401")):
+        pem = _signed(home, tmp_path / f"{code}.pem", ends)
+        with _tls_server(pem) as port:
+            at = {**env, "KAPPAFLOW_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+            line = error_line(run_kappaflow(settings, "topics", "list", env=at), code, 1)
+        assert "whatever-it-is" not in line
+
+
+def _signed(home: SecurityHome, path: Path, ends: datetime) -> Path:
+    """A key and a certificate for 127.0.0.1 that ``home``'s authority signed, valid for
+    the 30 days before ``ends``, in one PEM file."""
+    ca_key = serialization.load_pem_private_key(home.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate(home.ca_cert.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "server")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(ends - timedelta(days=30))
+        .not_valid_after(ends)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        + cert.public_bytes(serialization.Encoding.PEM)
+    )
+    return path
+
+
+@contextlib.contextmanager
+def _tls_server(pem: Path) -> Iterator[int]:
+    """A server on a free port that completes TLS handshakes with ``pem`` and hangs up."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pem)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with contextlib.suppress(OSError), server.wrap_socket(conn, server_side=True):
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        listener.close()

@@ -8,98 +8,56 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 from confluent_kafka import Producer
-from conftest import RunCli, start_clean_job
+from conftest import RunCli, run_kappaflow, start_clean_job
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.settings import Settings
+from kappaflow.spark.standalone import StandaloneCluster
 from kappaflow.streams.lake_read import read_arrow
+from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
+from test_counting import DEFINITION, changelog, events, expected, store_counts, wait_stats
 
 # Starts services of its own.
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """A standalone master and one worker from PySpark's own distribution."""
-    home = Path(pyspark.__file__).parent
-    work = tmp_path_factory.mktemp("standalone")
-    port, ui, worker_ui = _distinct_ports(3)
-    # The standalone master and worker listen on loopback only, as the tests' drivers do.
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(home),
-        "SPARK_LOG_DIR": str(work),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    spark_class = str(home / "bin" / "spark-class")
-    url = f"spark://127.0.0.1:{port}"
-    procs: list[subprocess.Popen[bytes]] = []
+def standalone(
+    kafka: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """A standalone master and two one-core workers, started by `kappaflow spark start`
+    (from PySpark's own distribution), in a state directory of their own."""
+    port, ui = _distinct_ports(2)
+    spark = kafka.spark.model_copy(update={"cluster_port": port, "cluster_ui_port": ui})
+    own = kafka.model_copy(
+        update={"state_dir": tmp_path_factory.mktemp("standalone"), "spark": spark}
+    )
+    env = {"KAPPAFLOW_SPARK__CLUSTER_PORT": str(port), "KAPPAFLOW_SPARK__CLUSTER_UI_PORT": str(ui)}
+    started = run_kappaflow(
+        own, "spark", "start", "--workers", "2", "--cores", "1", "--memory", "1g", env=env
+    )
+    assert started.code == 0, started.err
     try:
-        for name, argv in (
-            (
-                "master",
-                [
-                    "org.apache.spark.deploy.master.Master",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--webui-port",
-                    str(ui),
-                ],
-            ),
-            (
-                "worker",
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    url,
-                    "--host",
-                    "127.0.0.1",
-                    "--cores",
-                    "2",
-                    "--memory",
-                    "2g",
-                    "--webui-port",
-                    str(worker_ui),
-                    "--work-dir",
-                    str(work / "work"),
-                ],
-            ),
-        ):
-            with open(work / f"{name}.log", "ab") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [spark_class, *argv],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        start_new_session=True,
-                    )
-                )
-        status_url = f"http://127.0.0.1:{ui}/json/"
-        wait_for(
-            lambda: True if _alive_workers(status_url) == 1 else None,
-            timeout=120,
-            what="the standalone worker to register",
-        )
-        yield url, status_url
+        status = json.loads(run_kappaflow(own, "spark", "status", "--json", env=env).out)
+        assert status["alive_workers"] == 2 and status["cores"] == 2, status
+        CLUSTERS[status["master"]] = StandaloneCluster(own)
+        yield status["master"], f"{status['ui']}/json/"
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=60)
+        stopped = run_kappaflow(own, "spark", "stop", env=env)
+        assert stopped.code == 0, stopped.err
+
+
+#: The cluster of each master URL the fixture started (to find a worker to kill).
+CLUSTERS: dict[str, StandaloneCluster] = {}
 
 
 def _distinct_ports(n: int) -> list[int]:
@@ -117,13 +75,6 @@ def _master_state(status_url: str) -> dict[str, Any]:
     with urllib.request.urlopen(status_url, timeout=5) as response:
         state: dict[str, Any] = json.loads(response.read())
         return state
-
-
-def _alive_workers(status_url: str) -> int | None:
-    try:
-        return int(_master_state(status_url).get("aliveworkers", 0))
-    except OSError:
-        return None
 
 
 def test_clean_job_on_a_standalone_cluster(
@@ -230,3 +181,39 @@ def test_a_user_job_on_a_standalone_cluster_with_hadoop_uris(
     assert (tmp_path / "checkpoints" / job / "loud" / "commits").is_dir()
     lake = read_arrow((tmp_path / "lake").as_uri() + f"/{job}/loud").to_pylist()
     assert sorted(r["loud"] for r in lake) == sorted(loud)
+
+
+def test_counting_on_the_cluster_is_exact_through_a_killed_worker(
+    standalone: tuple[str, str], cli: RunCli, serving: Settings, new_topic: Callable[..., str]
+) -> None:
+    """The counting job's executors on two workers; one worker is killed with SIGKILL
+    (its executor goes with it) while the job counts: the other takes its tasks, and the
+    counts are exact. Last in the file: the cluster has one worker after it."""
+    url, status_url = standalone
+    source = new_topic(partitions=2)
+    job = f"count-cluster-{source}"
+    before, after = events(40), events(40, start=40)
+    send_json(serving, source, before, key="page")
+    started = cli("--spark-master", url, "count", "start", job, "--source", source, *DEFINITION)
+    assert started.code == 0, started.err
+    try:
+        wait_stats(serving, job, counted=1)
+        executors = [a for a in _master_state(status_url)["activeapps"] if a["name"].endswith(job)]
+        assert executors, "the job does not run on the cluster"
+        pid = CLUSTERS[url].worker_pid(1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_for(
+            lambda: True if _master_state(status_url)["aliveworkers"] == 1 else None,
+            timeout=120,
+            what="the master to see the worker gone",
+        )
+        send_json(serving, source, after, key="page")
+        wait_stats(serving, job, counted=len(before) + len(after))
+    finally:
+        stop_if_running(serving, job)
+    assert store_counts(serving, job) == expected(before + after)
+    wanted = expected(before + after)
+    changes = changelog(serving, job)
+    latest = {(c["key"], c["window_start"]): c["count"] for c in changes}
+    assert latest == {(page, iso(from_epoch_ms(at))): n for (page, at), n in wanted.items()}

@@ -184,6 +184,18 @@ class SparkSettings(_Section):
         description="least time between a job's micro-batch starts (0: back to back)",
     )
     ui: bool = Field(default=False, description="start the Spark web UI")
+    cluster_host: str = Field(
+        default="127.0.0.1", description="address `kappaflow spark start`'s master and workers use"
+    )
+    cluster_port: int = Field(
+        default=7077, ge=1, le=65535, description="that standalone master's port"
+    )
+    cluster_ui_port: int = Field(
+        default=8090, ge=1, le=65535, description="that master's web UI (and JSON status) port"
+    )
+    cluster_daemon_memory: str = Field(
+        default="512m", description="heap of that master and of each worker daemon"
+    )
     conf: dict[str, str] = Field(default_factory=dict, description="any further spark.* options")
 
     @field_validator("master")

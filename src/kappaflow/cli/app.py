@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kappaflow import __version__
-from kappaflow.cli import access, count, data, demo, iot, jobs, services, sql, topics
+from kappaflow.cli import access, count, data, demo, iot, jobs, services, spark, sql, topics
 from kappaflow.cli import api as _api_serve  # noqa: F401 (adds `api serve`)
 from kappaflow.cli.context import Context, settings_options
 
@@ -44,5 +44,6 @@ for _command in (
     *iot.COMMANDS,
     sql.sql,
     *access.COMMANDS,
+    spark.spark,
 ):
     cli.add_command(_command)

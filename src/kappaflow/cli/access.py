@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -99,63 +100,38 @@ def _rule_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
+def _rules(options: dict[str, Any]) -> list[access.Rule]:
+    """The rules a grant's or a revoke's options name."""
+    return access.rules(
+        options["user"],
+        topics=options["topics"],
+        groups=options["groups"],
+        transactional_ids=options["transactional_ids"],
+        cluster=options["cluster"],
+        operations=options["operations"],
+        prefixed=options["prefixed"],
+        allow=not options["deny"],
+    )
+
+
 @acls.command("grant")
 @_rule_options
 @pass_context
-def acls_grant(
-    ctx: Context,
-    user: str,
-    topics: tuple[str, ...],
-    groups: tuple[str, ...],
-    transactional_ids: tuple[str, ...],
-    cluster: bool,
-    prefixed: bool,
-    operations: tuple[str, ...],
-    deny: bool,
-) -> None:
+def acls_grant(ctx: Context, /, **options: Any) -> None:
     """Allow (or, with --deny, forbid) USER the operations on the resources, e.g.
     `kappaflow acls grant --user app --topic orders -o read -o describe --group app`."""
-    wanted = access.rules(
-        user,
-        topics=topics,
-        groups=groups,
-        transactional_ids=transactional_ids,
-        cluster=cluster,
-        operations=operations,
-        prefixed=prefixed,
-        allow=not deny,
-    )
-    count = access.grant(ctx.settings.kafka, wanted)
-    say(f"{count} rule{'s' if count != 1 else ''} in place for {user}")
+    count = access.grant(ctx.settings.kafka, _rules(options))
+    say(f"{count} rule{'s' if count != 1 else ''} in place for {options['user']}")
 
 
 @acls.command("revoke")
 @_rule_options
 @pass_context
-def acls_revoke(
-    ctx: Context,
-    user: str,
-    topics: tuple[str, ...],
-    groups: tuple[str, ...],
-    transactional_ids: tuple[str, ...],
-    cluster: bool,
-    prefixed: bool,
-    operations: tuple[str, ...],
-    deny: bool,
-) -> None:
+def acls_revoke(ctx: Context, /, **options: Any) -> None:
     """Delete the rules these options name (as granted)."""
-    unwanted = access.rules(
-        user,
-        topics=topics,
-        groups=groups,
-        transactional_ids=transactional_ids,
-        cluster=cluster,
-        operations=operations,
-        prefixed=prefixed,
-        allow=not deny,
-    )
-    deleted = access.revoke(ctx.settings.kafka, unwanted)
-    say(f"{len(deleted)} rule{'s' if len(deleted) != 1 else ''} revoked for {user}")
+    deleted = access.revoke(ctx.settings.kafka, _rules(options))
+    n = len(deleted)
+    say(f"{n} rule{'s' if n != 1 else ''} revoked for {options['user']}")
 
 
 @acls.command("list")

@@ -78,8 +78,8 @@ class Rule:
     allow: bool = True
     host: str = "*"
 
-    def binding(self) -> AclBinding:
-        return AclBinding(
+    def _fields(self) -> tuple[Any, ...]:
+        return (
             RESOURCES[self.resource],
             self.name,
             ResourcePatternType.PREFIXED if self.prefixed else ResourcePatternType.LITERAL,
@@ -89,16 +89,11 @@ class Rule:
             AclPermissionType.ALLOW if self.allow else AclPermissionType.DENY,
         )
 
+    def binding(self) -> AclBinding:
+        return AclBinding(*self._fields())
+
     def matcher(self) -> AclBindingFilter:
-        return AclBindingFilter(
-            RESOURCES[self.resource],
-            self.name,
-            ResourcePatternType.PREFIXED if self.prefixed else ResourcePatternType.LITERAL,
-            f"User:{self.user}",
-            self.host,
-            OPERATIONS[self.operation],
-            AclPermissionType.ALLOW if self.allow else AclPermissionType.DENY,
-        )
+        return AclBindingFilter(*self._fields())
 
     @classmethod
     def from_binding(cls, binding: AclBinding) -> Rule:

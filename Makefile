@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
-.PHONY: setup test-setup demo test test-peers check lint format bench bench-scale clean prereqs
+.PHONY: setup test-setup demo test test-cluster test-peers check lint format bench bench-scale clean prereqs
 
 setup: $(VENV_STAMP)
 	@$(BIN)/kappaflow --state-dir $(STATE_DIR) setup
@@ -50,7 +50,14 @@ format: $(VENV_STAMP)
 # benchmark's peer engines (Flink, Quix Streams) have a tier of their own, test-peers:
 # their end-to-end runs take minutes and install the peers on first use.
 test: test-setup lint
-	$(BIN)/pytest -m "not peers" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -m "not peers and not cluster" -n $(TEST_WORKERS) --dist loadfile
+
+# Clusters on this machine, each test file starting its own and breaking it: three Kafka
+# brokers losing their leader, MirrorMaker failing over to a backup cluster, a Spark
+# standalone cluster losing a worker. Minutes each: a tier of its own, which CI runs
+# after make test (.ci/run).
+test-cluster: test-setup
+	$(BIN)/pytest -m cluster -n $(TEST_WORKERS) --dist loadfile
 
 # The benchmark's peer engines run end to end and are checked, as make bench runs them.
 test-peers: setup

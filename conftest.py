@@ -65,6 +65,8 @@ SLOW_FILES = {
     "test_iot_models.py": 130,
     "test_spark_cluster.py": 120,
     "test_security.py": 120,
+    "test_mirror.py": 200,
+    "test_replication.py": 240,
     "test_savepoints.py": 120,
     "test_api.py": 90,
     "test_app_sessions.py": 80,

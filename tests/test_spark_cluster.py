@@ -26,8 +26,8 @@ from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 from test_counting import DEFINITION, changelog, events, expected, store_counts, wait_stats
 
-# Starts services of its own.
-pytestmark = pytest.mark.integration
+# Starts a cluster of its own, and kills one of its workers.
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")

@@ -253,6 +253,32 @@ class ConsumeError(KafkaClusterError):
     code = "KF406"
 
 
+class MirrorStartError(KafkaClusterError):
+    """MirrorMaker exited during start-up, or did not replicate within its deadline; it
+    was stopped and its configuration removed."""
+
+    code = "KF420"
+
+
+class MirrorClusterUnreachableError(KafkaClusterError, ConnectionError):
+    """A cluster the mirror joins, the primary or the backup, does not answer."""
+
+    code = "KF421"
+
+
+class MirrorTargetError(KafkaClusterError, ValueError):
+    """The mirror has no backup cluster to go to, or was given the primary itself."""
+
+    code = "KF422"
+
+
+class CheckpointRewindError(KafkaClusterError):
+    """A job's checkpoint cannot be moved to this cluster's offsets: the job runs, its
+    checkpoint is not on this machine, or it has no committed batch to go on from."""
+
+    code = "KF423"
+
+
 # KF5xx: input given to a command (values, times, options of a counting job).
 
 

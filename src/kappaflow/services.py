@@ -109,8 +109,10 @@ def embedded_services(settings: Settings, say: Callable[[str], None]) -> Iterato
 def status(settings: Settings) -> list[ServiceRow]:
     rows: list[ServiceRow] = []
     if settings.kafka.embedded:
-        broker = EmbeddedBroker(settings).status()
-        rows.append(ServiceRow("kafka", broker.state, broker.bootstrap, broker.pid))
+        nodes = EmbeddedBroker(settings).statuses()
+        for node in nodes:
+            name = "kafka" if len(nodes) == 1 else f"kafka-{node.node}"
+            rows.append(ServiceRow(name, node.state, node.bootstrap, node.pid))
     else:
         rows.append(ServiceRow("kafka", EXTERNAL, settings.kafka.bootstrap, None))
     if settings.redis.embedded:

@@ -46,6 +46,14 @@ _JAAS_MODULES = {
 }
 
 
+#: The ports of the embedded Kafka's node N are those of node 1 plus NODE_PORT_STEP*(N-1):
+#: 9092/9093, 9102/9103, 9112/9113 with the defaults, so one number names every port.
+NODE_PORT_STEP = 10
+#: At most this many embedded nodes: each is a JVM with a heap of its own, and a local
+#: cluster is for trying replication and failover, for which three do.
+MAX_NODES = 9
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -63,6 +71,14 @@ class KafkaSettings(_Section):
         default=9093, ge=1, le=65535, description="embedded broker's KRaft controller port"
     )
     heap: str = Field(default="512m", description="embedded broker's JVM heap (-Xmx)")
+    brokers: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_NODES,
+        description="nodes of the embedded Kafka on this machine, each a broker and a KRaft "
+        "controller; node N listens on port and controller_port plus 10*(N-1); "
+        "unset: as its storage was made, else 1",
+    )
     secure: bool | None = Field(
         default=None,
         description="embedded broker with SASL/SCRAM over TLS and ACLs, Redis with a password; "
@@ -82,13 +98,44 @@ class KafkaSettings(_Section):
     )
     timeout_s: float = Field(default=10.0, gt=0, description="admin and metadata request timeout")
 
+    @model_validator(mode="after")
+    def _node_ports(self) -> KafkaSettings:
+        self.check_node_ports()
+        return self
+
+    def check_node_ports(self) -> None:
+        """The embedded nodes' ports exist and are distinct; ValueError if not."""
+        if not self.embedded:
+            return
+        ports = [port for node in range(1, self.nodes + 1) for port in self.node_ports(node)]
+        if max(ports) > 65535 or len(set(ports)) != len(ports):
+            raise ValueError(
+                f"{self.nodes} embedded Kafka nodes from port {self.port} and controller_port "
+                f"{self.controller_port} need ports {sorted(ports)}: each at most 65535 and "
+                "none twice"
+            )
+
     @property
     def embedded(self) -> bool:
         return self.bootstrap_servers is None
 
     @property
+    def nodes(self) -> int:
+        """How many nodes the embedded Kafka has."""
+        return self.brokers or 1
+
+    def node_ports(self, node: int) -> tuple[int, int]:
+        """Node ``node``'s (1, 2, …) client and controller ports."""
+        step = NODE_PORT_STEP * (node - 1)
+        return self.port + step, self.controller_port + step
+
+    @property
     def bootstrap(self) -> str:
-        return self.bootstrap_servers or f"{self.host}:{self.port}"
+        """The external cluster's servers, or every embedded node's client address."""
+        if self.bootstrap_servers:
+            return self.bootstrap_servers
+        nodes = range(1, self.nodes + 1)
+        return ",".join(f"{self.host}:{self.node_ports(node)[0]}" for node in nodes)
 
     def client_config(self) -> dict[str, str]:
         """librdkafka properties for confluent-kafka producers, consumers and admins."""
@@ -275,6 +322,64 @@ class MqttSettings(_Section):
         return f"mqtt://{host}:{port}"
 
 
+class MirrorSettings(_Section):
+    """Replication to a backup cluster: MirrorMaker 2 from the configured Kafka (the
+    primary) to ``target``, topic names unchanged, consumer groups' offsets translated."""
+
+    target: str | None = Field(
+        default=None, description="host:port[,host:port] of the backup cluster"
+    )
+    target_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = (
+        "PLAINTEXT"
+    )
+    target_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    target_sasl_username: str | None = None
+    target_sasl_password: SecretStr | None = None
+    target_ssl_ca_location: Path | None = Field(
+        default=None, description="PEM file of the CAs the backup's certificates chain to"
+    )
+    topics: str = Field(
+        default=".*", description="regex of the topics to replicate (MirrorMaker's own excluded)"
+    )
+    groups: str = Field(
+        default=".*", description="regex of the consumer groups whose offsets to translate"
+    )
+    # MirrorMaker's defaults are 60 s: a consumer failing over then re-reads up to a
+    # minute's worth more than it would with a tighter interval.
+    sync_interval_s: int = Field(
+        default=10,
+        ge=1,
+        description="how often checkpoints are emitted, group offsets synced to the backup "
+        "and the latest offset mapping written",
+    )
+    refresh_interval_s: int = Field(
+        default=30, ge=1, description="how often new topics and groups are looked for"
+    )
+    offset_lag_max: int = Field(
+        default=100,
+        ge=0,
+        description="records a partition may run past its last offset mapping before a new "
+        "one is written: what a failed-over consumer re-reads, at most",
+    )
+    replication_factor: int = Field(
+        default=-1,
+        ge=-1,
+        description="replicas of the topics the mirror creates (-1: the cluster's default)",
+    )
+    heap: str = Field(default="512m", description="MirrorMaker's JVM heap (-Xmx)")
+
+    def target_kafka(self) -> KafkaSettings:
+        """The backup cluster as Kafka settings, for clients of either kind."""
+        return KafkaSettings(
+            bootstrap_servers=self.target,
+            security_protocol=self.target_security_protocol,
+            sasl_mechanism=self.target_sasl_mechanism,
+            sasl_username=self.target_sasl_username,
+            sasl_password=self.target_sasl_password,
+            ssl_ca_location=self.target_ssl_ca_location,
+        )
+
+
 class Settings(BaseSettings):
     """Everything configurable in kappaflow, validated once, immutable afterwards."""
 
@@ -307,6 +412,29 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    mirror: MirrorSettings = Field(default_factory=MirrorSettings)
+
+    @model_validator(mode="after")
+    def _remembered_nodes(self) -> Settings:
+        """``kafka.brokers`` unset means as many nodes as the embedded Kafka's storage was
+        made with (``<state_dir>/kafka/brokers``), so that every command and job of a
+        state directory reaches all of them."""
+        if not self.kafka.embedded:
+            if (self.kafka.brokers or 1) > 1:
+                raise ValueError(
+                    "kafka.brokers is for the embedded Kafka; a cluster of your own is "
+                    "given by kafka.bootstrap_servers"
+                )
+            return self
+        if self.kafka.brokers is not None:
+            return self
+        try:
+            remembered = int(brokers_marker(self.state_dir).read_text())
+        except (OSError, ValueError):
+            return self
+        kafka = KafkaSettings.model_validate({**self.kafka.model_dump(), "brokers": remembered})
+        object.__setattr__(self, "kafka", kafka)
+        return self
 
     @model_validator(mode="after")
     def _secured(self) -> Settings:
@@ -401,6 +529,11 @@ class Settings(BaseSettings):
 def secure_marker(state_dir: Path) -> Path:
     """The file whose presence says the embedded broker was last started secure."""
     return state_dir / "kafka" / "secure"
+
+
+def brokers_marker(state_dir: Path) -> Path:
+    """The file that says how many nodes the embedded Kafka's storage was made with."""
+    return state_dir / "kafka" / "brokers"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from kappaflow import __version__
 from kappaflow.cli import access, count, data, demo, iot, jobs, services, spark, sql, topics
 from kappaflow.cli import api as _api_serve  # noqa: F401 (adds `api serve`)
 from kappaflow.cli.context import Context, settings_options
+from kappaflow.cli.mirror import mirror
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,5 +46,6 @@ for _command in (
     sql.sql,
     *access.COMMANDS,
     spark.spark,
+    mirror,
 ):
     cli.add_command(_command)

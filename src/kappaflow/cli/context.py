@@ -38,12 +38,13 @@ class Context:
         )
         return cls(config_file, overrides)
 
-    def secured(self, secure: bool | None) -> Settings:
-        """The settings with ``kafka.secure`` as a command's ``--secure/--no-secure`` says
-        (unchanged when neither was given)."""
-        if secure is None:
+    def secured(self, secure: bool | None, brokers: int | None = None) -> Settings:
+        """The settings with ``kafka.secure`` and ``kafka.brokers`` as a command's
+        ``--secure/--no-secure`` and ``--brokers`` say (unchanged where not given)."""
+        given = {k: v for k, v in (("secure", secure), ("brokers", brokers)) if v is not None}
+        if not given:
             return self.settings
-        return load_settings(self.config_file, self.overrides, kafka={"secure": secure})
+        return load_settings(self.config_file, self.overrides, kafka=given)
 
     @property
     def settings(self) -> Settings:

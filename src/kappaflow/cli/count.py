@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from kappaflow.cli.context import Context, pass_context
 from kappaflow.cli.output import json_line, say
 from kappaflow.counting import lifecycle
+from kappaflow.counting.failover import start_from
 from kappaflow.counting.spec import CountSpec, duration_ms
 from kappaflow.counting.status import count_status
 from kappaflow.counting.store import CountStore
@@ -15,6 +18,7 @@ from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.jobs.pipeline import pipeline_target
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.serving.client import redis_client
+from kappaflow.timeutil import parse_time
 
 PIPELINE = "count"
 
@@ -64,6 +68,12 @@ def count() -> None:
     help="also provisional counts in Spark real-time mode, within milliseconds",
 )
 @click.option("--available-now", is_flag=True, help="count what the topic holds, then stop")
+@click.option(
+    "--from-time",
+    metavar="TIME",
+    help="read the source from its first records stamped at or after TIME; a job that ran "
+    "keeps its state and moves its offsets there (failover to a backup cluster)",
+)
 @pass_context
 def start(
     ctx: Context,
@@ -79,6 +89,7 @@ def start(
     allowed_lateness: str,
     realtime: bool,
     available_now: bool,
+    from_time: str | None,
 ) -> None:
     """Start counting job NAME; started again, it resumes from its checkpoint."""
     spec = CountSpec(
@@ -97,6 +108,11 @@ def start(
     # Fail here, not in the background: Redis down or the source missing starts no job.
     redis_client(ctx.settings)
     topic_partitions(ctx.settings.kafka, source)
+    if from_time is not None:
+        start_at, moved = start_from(ctx.settings, name, source, parse_time(from_time))
+        spec = replace(spec, start=start_at)
+        for line in moved:
+            say(f"count job {name} goes on from {from_time}: {line}")
     record = JobManager(ctx.settings).start(
         name, PIPELINE, spec.to_params(), overrides=ctx.overrides, config_file=ctx.config_file
     )

@@ -15,6 +15,7 @@ from kappaflow.errors import ExternalServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
+from kappaflow.settings import MAX_NODES
 
 
 @click.command()
@@ -76,7 +77,7 @@ def _embedded_mqtt(ctx: Context) -> EmbeddedMqtt:
 
 @click.group()
 def kafka() -> None:
-    """The embedded single-node Kafka broker (KRaft)."""
+    """The embedded Kafka: one KRaft broker, or a cluster of several on this machine."""
 
 
 def _secure_option(command: Callable[..., None]) -> Callable[..., None]:
@@ -88,53 +89,93 @@ def _secure_option(command: Callable[..., None]) -> Callable[..., None]:
     )(command)
 
 
+def _brokers_option(command: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--brokers",
+        type=click.IntRange(1, MAX_NODES),
+        help="nodes of the embedded Kafka, each a broker and a controller on ports 10 "
+        "apart (kept for later commands) [default: as its storage was made, or "
+        "kafka.brokers, else 1]",
+    )(command)
+
+
+def _nodes(indexes: list[int]) -> str:
+    return ("node " if len(indexes) == 1 else "nodes ") + ", ".join(map(str, indexes))
+
+
 @kafka.command("start")
 @_secure_option
+@_brokers_option
 @pass_context
-def kafka_start(ctx: Context, secure: bool | None) -> None:
-    """Start the broker and wait until it answers."""
+def kafka_start(ctx: Context, secure: bool | None, brokers: int | None) -> None:
+    """Start the broker (each node that does not run) and wait until it answers."""
     if not ctx.settings.kafka.embedded:
         _embedded_kafka(ctx)
-    broker = EmbeddedBroker(ctx.secured(secure))
-    stale = broker.process.clear_stale()
-    if stale is not None:
-        say(f"removed a stale pid file (pid {stale} is not a kappaflow broker)")
-    started = broker.start()
+    broker = EmbeddedBroker(ctx.secured(secure, brokers))
+    for node in broker.nodes:
+        stale = node.process.clear_stale()
+        if stale is not None:
+            of = f" of node {node.index}" if len(broker.nodes) > 1 else ""
+            say(f"removed a stale pid file{of} (pid {stale} is not a kappaflow broker)")
+    started = broker.start_nodes()
     mode = " (SASL_SSL, SCRAM-SHA-512, ACLs)" if broker.secure else ""
-    say(f"kafka {'started' if started else 'already running'} on {broker.bootstrap}{mode}")
+    if 0 < len(started) < len(broker.nodes):
+        addresses = ",".join(broker.nodes[i - 1].address for i in started)
+        say(f"kafka {_nodes(started)} started on {addresses}{mode}")
+    else:
+        say(f"kafka {'started' if started else 'already running'} on {broker.bootstrap}{mode}")
 
 
 @kafka.command("stop")
 @click.option("--timeout", default=30.0, show_default=True, help="seconds before SIGKILL")
 @pass_context
 def kafka_stop(ctx: Context, timeout: float) -> None:
-    """Stop the broker: controlled shutdown, then SIGKILL after the timeout."""
-    stopped = _embedded_kafka(ctx).stop(timeout=timeout)
-    say("kafka stopped" if stopped else "kafka was not running")
+    """Stop the broker (every node): controlled shutdown, then SIGKILL after the timeout."""
+    broker = _embedded_kafka(ctx)
+    stopped = broker.stop_nodes(timeout=timeout)
+    if not stopped:
+        say("kafka was not running")
+    elif len(stopped) < len(broker.nodes):
+        say(f"kafka stopped ({_nodes(stopped)} of {len(broker.nodes)} were running)")
+    else:
+        say("kafka stopped")
 
 
 @kafka.command("status")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON line per node")
 @pass_context
 def kafka_status(ctx: Context, as_json: bool) -> None:
-    """Whether the broker runs, its pid, address and data directory."""
-    status = _embedded_kafka(ctx).status()
-    row = {
-        "state": status.state.value,
-        "pid": status.pid,
-        "bootstrap": status.bootstrap,
-        "data_dir": str(status.data_dir),
-        "started_at": iso_from_epoch_s(status.started_at),
-    }
-    _show(row, as_json)
+    """Whether each node runs, its pid, address and data directory."""
+    rows = [
+        {
+            "node": status.node,
+            "state": status.state.value,
+            "pid": status.pid,
+            "bootstrap": status.bootstrap,
+            "data_dir": str(status.data_dir),
+            "started_at": iso_from_epoch_s(status.started_at),
+        }
+        for status in _embedded_kafka(ctx).statuses()
+    ]
+    if as_json:
+        for row in rows:
+            json_line(row)
+    else:
+        table(None, list(rows[0]), [list(row.values()) for row in rows])
 
 
 @kafka.command("logs")
 @click.option("-n", "--lines", default=50, show_default=True, help="how many lines")
+@click.option("--node", default=1, show_default=True, type=click.IntRange(min=1), help="whose")
 @pass_context
-def kafka_logs(ctx: Context, lines: int) -> None:
-    """The last lines of the broker's server.log."""
-    for line in _embedded_kafka(ctx).logs(lines):
+def kafka_logs(ctx: Context, lines: int, node: int) -> None:
+    """The last lines of a node's server.log."""
+    broker = _embedded_kafka(ctx)
+    if node > len(broker.nodes):
+        raise click.BadParameter(
+            f"the embedded Kafka has {len(broker.nodes)} node(s)", param_hint="--node"
+        )
+    for line in broker.logs(lines, node=node):
         click.echo(line)
 
 
@@ -210,11 +251,12 @@ api = _url_service(
 
 @click.command()
 @_secure_option
+@_brokers_option
 @pass_context
-def up(ctx: Context, secure: bool | None) -> None:
+def up(ctx: Context, secure: bool | None, brokers: int | None) -> None:
     """Start every embedded service (Kafka, Redis, MQTT) and the kappaflow service (the
     HTTP API) where they are not running."""
-    for line in svc.up(ctx.secured(secure)):
+    for line in svc.up(ctx.secured(secure, brokers)):
         say(line)
 
 

@@ -24,7 +24,11 @@ def topics() -> None:
     type=click.IntRange(min=1),
 )
 @click.option(
-    "-r", "--replication-factor", default=1, show_default=True, type=click.IntRange(min=1)
+    "-r",
+    "--replication-factor",
+    type=click.IntRange(min=1),
+    help="replicas of each partition [default: the cluster's, 3 on the embedded cluster "
+    "of three or more nodes, else 1]",
 )
 @click.option(
     "-c",
@@ -40,7 +44,7 @@ def create(
     ctx: Context,
     name: str,
     partitions: int,
-    replication_factor: int,
+    replication_factor: int | None,
     configs: tuple[str, ...],
     if_not_exists: bool,
 ) -> None:

@@ -50,6 +50,7 @@ def count_job(spec: CountSpec) -> Build:
             id=spec.id_field,
             watermark=spec.watermark_ms,
             allowed_lateness=spec.allowed_lateness_ms,
+            start=spec.start,
         )
         if spec.session_gap_ms is not None:
             windows = events.window(session=timedelta(milliseconds=spec.session_gap_ms))

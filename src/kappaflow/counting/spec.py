@@ -29,6 +29,9 @@ class CountSpec:
     allowed_lateness_ms: int = 0
     realtime: bool = False
     available_now: bool = False
+    #: Where a job without a checkpoint reads its source from: Spark's
+    #: ``startingOffsets`` (``earliest``, or per-partition offsets as JSON: --from-time).
+    start: str = "earliest"
 
     def __post_init__(self) -> None:
         for label, value in (

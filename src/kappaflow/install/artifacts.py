@@ -1,10 +1,10 @@
 """The JVM classpaths kappaflow needs, resolved once into the state directory.
 
-Two separate sets, because the broker and Spark pin different Scala, Jackson and slf4j
-versions and must never share a classpath: the Kafka broker's runtime classpath, and the
-four connector jars Spark needs on top of what PySpark ships. Another distribution can
-describe a set of its own (a :class:`JarSet` whose POM it ships) and :func:`resolve` it
-the same way.
+Separate sets, because the broker and Spark pin different Scala, Jackson and slf4j
+versions and must never share a classpath: the Kafka broker's runtime classpath, the
+four connector jars Spark needs on top of what PySpark ships, and MirrorMaker 2's.
+Another distribution can describe a set of its own (a :class:`JarSet` whose POM it
+ships) and :func:`resolve` it the same way.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class JarSet:
 
 
 KAFKA_BROKER = JarSet("kafka", "kafka-broker.xml")
+#: MirrorMaker 2, for replication to a backup cluster (kafka/mirror.py): a JVM of its own.
+KAFKA_MIRROR = JarSet("mirror", "kafka-mirror.xml")
 SPARK_CONNECTOR = JarSet(
     "spark",
     "spark-kafka.xml",
@@ -75,10 +77,14 @@ def spark_connector_jars(settings: Settings) -> list[Path]:
     return SPARK_CONNECTOR.jars(settings)
 
 
+def kafka_mirror_jars(settings: Settings) -> list[Path]:
+    return KAFKA_MIRROR.jars(settings)
+
+
 def resolve_all(settings: Settings) -> list[str]:
     """Resolve every jar set setup provides that is missing or whose POM changed; return
     what was done."""
-    return resolve(settings, (KAFKA_BROKER, SPARK_CONNECTOR))
+    return resolve(settings, (KAFKA_BROKER, SPARK_CONNECTOR, KAFKA_MIRROR))
 
 
 def resolve(settings: Settings, jar_sets: tuple[JarSet, ...]) -> list[str]:

@@ -54,15 +54,21 @@ def create_topic(
     name: str,
     *,
     partitions: int = DEFAULT_PARTITIONS,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     configs: dict[str, str] | None = None,
     exist_ok: bool = False,
 ) -> bool:
-    """Create a topic; True if created, False if it existed and ``exist_ok``."""
-    if partitions < 1 or replication_factor < 1:
+    """Create a topic; True if created, False if it existed and ``exist_ok``.
+
+    Without a ``replication_factor`` the topic has the cluster's default (its
+    ``default.replication.factor``, and its ``min.insync.replicas`` unless ``configs``
+    say otherwise): one replica on a single broker, three on the embedded cluster."""
+    if partitions < 1 or (replication_factor is not None and replication_factor < 1):
         raise OutOfRangeError("partitions and replication factor must be at least 1")
     cluster_metadata(kafka)
-    new = NewTopic(name, partitions, replication_factor, config=configs or {})
+    # -1: the broker's default.replication.factor (KIP-464).
+    factor = replication_factor if replication_factor is not None else -1
+    new = NewTopic(name, partitions, factor, config=configs or {})
     # Keep the client referenced until the future resolves: a collected client aborts it.
     client = admin(kafka)
     future = client.create_topics([new], request_timeout=kafka.timeout_s)[name]

@@ -57,3 +57,43 @@ def batch_watermark(offset_log_entry: str) -> int:
 def _json_line(lines: list[str], index: int) -> Offsets:
     value: Offsets = json.loads(lines[index])
     return value
+
+
+def last_committed(query_dir: Path) -> int | None:
+    """The last batch the query finished (None: none yet)."""
+    log = query_dir / "offsets"
+    batches = sorted((int(p.name) for p in log.iterdir() if p.name.isdigit()), reverse=True)
+    return next((b for b in batches if committed(query_dir, b)), None)
+
+
+def move_source(query_dir: Path, topic: str, offsets: dict[int, int]) -> int | None:
+    """Point a stopped query's next batch at ``offsets`` of ``topic`` (partition →
+    offset): another cluster's offsets, after a failover. The query keeps its state and
+    watermark; the batch after its last committed one reads ``topic`` from there.
+
+    The last committed batch's end offsets are rewritten (Spark starts the next batch
+    from them), and a batch planned after it but never committed is forgotten (Spark
+    would otherwise run it again, with the old cluster's offsets). Returns the batch whose
+    offsets were moved, or None if the query has committed none."""
+    log = query_dir / "offsets"
+    batches = sorted(int(p.name) for p in log.iterdir() if p.name.isdigit())
+    last = last_committed(query_dir)
+    if last is None:
+        return None
+    for planned in (b for b in batches if b > last):
+        (log / str(planned)).unlink()
+        (log / f".{planned}.crc").unlink(missing_ok=True)
+    lines = (log / str(last)).read_text().splitlines()
+    # Line 0 is the version, line 1 the batch's metadata (its watermark among them), then
+    # one line per source.
+    for index in range(2, len(lines)):
+        held = json.loads(lines[index])
+        if isinstance(held, dict) and topic in held:
+            held[topic] = {str(p): o for p, o in sorted(offsets.items())}
+            lines[index] = json.dumps(held, separators=(",", ":"))
+    scratch = log / f".{last}.moving"
+    scratch.write_text("\n".join(lines))
+    scratch.replace(log / str(last))
+    # Spark's checksum of the old content: absent, the file is read unchecked.
+    (log / f".{last}.crc").unlink(missing_ok=True)
+    return last

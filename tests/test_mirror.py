@@ -1,0 +1,726 @@
+"""Replication to a backup cluster and failover, against two real brokers, MirrorMaker 2,
+Redis and Spark: records copied as they are; a consumer group and a counting job going on
+on the backup once the primary is stopped mid-stream, with what is lost and what is read
+again measured; and a mirror that cannot start leaving nothing behind.
+
+The module runs one failover: the tests before it use the running primary, the tests
+after it (in this order) what the failover left.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from conftest import Result, error_line, make_settings, run_kappaflow
+
+from kappaflow.counting.failover import start_from
+from kappaflow.counting.store import CountStore
+from kappaflow.errors import KappaflowError, TopicNotFoundError
+from kappaflow.jobs.manager import JobManager
+from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.kafka.mirror import Mirror, MirrorPlan, mm2_properties
+from kappaflow.kafka.mirror_status import decode_checkpoint
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.topics import create_topic
+from kappaflow.procs import free_port
+from kappaflow.serving.client import redis_client
+from kappaflow.serving.redis_server import EmbeddedRedis
+from kappaflow.settings import Settings, load_settings
+from kappaflow.spark.checkpoint import batch_end_offsets, last_committed
+from kappaflow.timeutil import from_epoch_ms, iso, parse_time, to_epoch_ms
+from kappaflow.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+OFFSET_LAG_MAX = 10
+SYNC_INTERVAL_S = 1
+#: Short intervals, so that a test waits seconds, not minutes, for MirrorMaker to notice
+#: a topic or a group and to translate a group's offsets.
+MIRROR_ENV = {
+    "KAPPAFLOW_MIRROR__SYNC_INTERVAL_S": str(SYNC_INTERVAL_S),
+    "KAPPAFLOW_MIRROR__REFRESH_INTERVAL_S": "2",
+    "KAPPAFLOW_MIRROR__OFFSET_LAG_MAX": str(OFFSET_LAG_MAX),
+    "KAPPAFLOW_MIRROR__HEAP": "256m",
+}
+TOPICS = "mx-.*"
+WINDOW_MS = 10_000
+COUNT_DEFINITION = (
+    "--key",
+    "page",
+    "--time",
+    "ts",
+    "--id",
+    "id",
+    "--window",
+    "10s",
+    "--watermark",
+    "5s",
+    "--allowed-lateness",
+    "20s",
+)
+#: How far before the point the mirror reached a failed-over counting job goes back
+#: (docs/deployment.md): more than a batch's planning may trail its records' timestamps.
+MARGIN_MS = 10_000
+
+
+@dataclass
+class Clusters:
+    primary: Settings
+    backup: Settings
+    brokers: dict[str, EmbeddedBroker]
+    #: The counting job that runs on the primary from the start, and its source.
+    job: str
+    clicks: str
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Result:
+        """`kappaflow` in the primary's state directory (the mirror's, the job's)."""
+        return run_kappaflow(
+            self.primary, *args, env={**MIRROR_ENV, **(env or {})}, timeout=timeout
+        )
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
+    """Two single-node clusters, the mirror between them, and a counting job on the
+    primary (started beside the mirror: each takes seconds to get going)."""
+    primary = make_settings(tmp_path_factory.mktemp("primary"))
+    backup = make_settings(tmp_path_factory.mktemp("backup"))
+    brokers = {"primary": EmbeddedBroker(primary), "backup": EmbeddedBroker(backup)}
+    redis = EmbeddedRedis(primary)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda b: b.start(), brokers.values()))
+    redis.start()
+    found = Clusters(primary, backup, brokers, f"count-{uuid.uuid4().hex[:6]}", topic(primary))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            mirror = pool.submit(
+                found.cli, "mirror", "start", "--to", backup.kafka.bootstrap, "--topics", TOPICS
+            )
+            job = pool.submit(
+                found.cli, "count", "start", found.job, "--source", found.clicks, *COUNT_DEFINITION
+            )
+            for started in (mirror.result(), job.result()):
+                assert started.code == 0, started.err
+        yield found
+    finally:
+        found.cli("jobs", "stop", found.job, "--timeout", "10")
+        Mirror(primary).stop(timeout=20)
+        redis.stop()
+        for broker in brokers.values():
+            broker.stop(timeout=20)
+
+
+def topic(settings: Settings, partitions: int = 2) -> str:
+    name = f"mx-{uuid.uuid4().hex[:8]}"
+    create_topic(settings.kafka, name, partitions=partitions)
+    return name
+
+
+def records(settings: Settings, name: str) -> list[dict[str, Any]]:
+    """Every record of a topic: partition, offset, key, value, timestamp, headers."""
+    return [
+        {
+            "partition": m.partition(),
+            "offset": m.offset(),
+            "key": m.key(),
+            "value": m.value(),
+            "timestamp": m.timestamp()[1],
+            "headers": m.headers(),
+        }
+        for m in read_records(settings.kafka, name, start=StartAt(beginning=True))
+    ]
+
+
+def wait_mirrored(clusters: Clusters, name: str, count: int) -> list[dict[str, Any]]:
+    def copied() -> list[dict[str, Any]] | None:
+        try:
+            found = records(clusters.backup, name)
+        except TopicNotFoundError:
+            return None  # the mirror has not made it yet
+        return found if len(found) >= count else None
+
+    return wait_for(
+        copied, timeout=90, interval=0.5, what=f"{count} records of {name} on the backup"
+    )
+
+
+# Before the failover: the primary runs.
+
+
+def test_records_reach_the_backup_as_they_are(clusters: Clusters) -> None:
+    name = topic(clusters.primary)
+    producer = Producer(clusters.primary.kafka.client_config())
+    # Timestamps of their own, an hour back: the copy must keep them, not restamp them.
+    stamped = to_epoch_ms(parse_time("1h"))
+    for i in range(40):
+        producer.produce(
+            name,
+            key=f"k{i % 7}",
+            value=json.dumps({"n": i}),
+            timestamp=stamped + i,
+            headers=[("source", b"test")],
+        )
+    assert producer.flush(30) == 0
+    sent = records(clusters.primary, name)
+    assert len(sent) == 40 and {r["partition"] for r in sent} == {0, 1}
+
+    copied = wait_mirrored(clusters, name, 40)
+
+    def by_position(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        keys = ("partition", "offset", "key", "value", "timestamp", "headers")
+        return sorted(tuple(r[k] for k in keys) for r in rows)
+
+    assert by_position(copied) == by_position(sent)
+    status = clusters.cli("mirror", "status", "--json")
+    assert status.code == 0, status.err
+    found = json.loads(status.out)
+    assert found["state"] == "running" and found["backup"] == clusters.backup.kafka.bootstrap
+    assert found["connectors"]["MirrorSourceConnector"] == "RUNNING"
+    mine = [p for p in found["partitions"] if p["topic"] == name]
+    assert [(p["partition"], p["lag"]) for p in mine] == [(0, 0), (1, 0)]
+    assert all(p["primary_end"] == p["backup_end"] for p in mine)
+    newest = max(r["timestamp"] for r in sent)
+    assert max(parse_time(p["mirrored_until"]) for p in mine) == from_epoch_ms(newest)
+
+
+def test_a_mirror_that_cannot_start_leaves_nothing(clusters: Clusters, tmp_path: Path) -> None:
+    """Bad input, in a state directory of its own with the primary as its Kafka."""
+    own = load_settings(
+        state_dir=tmp_path / "state",
+        jars_dir=clusters.primary.jars_path,
+        kafka={"bootstrap_servers": clusters.primary.kafka.bootstrap},
+    )
+    home = tmp_path / "state" / "mirror"
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Result:
+        return run_kappaflow(own, *args, env={**MIRROR_ENV, **(env or {})}, timeout=90)
+
+    def nothing_left() -> None:
+        assert not (home / "mirror.pid").exists() and not (home / "mm2.properties").exists()
+        assert not (home / "plan.json").exists() and not (home / "log4j2.properties").exists()
+        ours = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if f"-Dkappaflow.mirror.home={home}" in " ".join(p.info["cmdline"] or ())
+        ]
+        assert ours == []
+
+    down = f"127.0.0.1:{free_port()}"
+    unreachable = run("mirror", "start", "--to", down, env={"KAPPAFLOW_KAFKA__TIMEOUT_S": "3"})
+    line = error_line(unreachable, "KF421", 1)
+    assert f"the backup cluster at {down} does not answer" in line
+    assert "nothing was started" in line
+    nothing_left()
+    assert not home.exists(), "nothing is written before both clusters answer"
+
+    error_line(run("mirror", "start"), "KF422", 1)  # no backup given
+    itself = run("mirror", "start", "--to", clusters.primary.kafka.bootstrap)
+    assert "is the primary itself" in error_line(itself, "KF422", 1)
+    nothing_left()
+
+    # MirrorMaker itself fails: a heap the JVM refuses. It is stopped, its configuration
+    # (which would hold passwords) removed; its log stays, to read why.
+    bad_heap = run(
+        "mirror", "start", "--to", clusters.backup.kafka.bootstrap,
+        env={"KAPPAFLOW_MIRROR__HEAP": "lots"},
+    )  # fmt: skip
+    assert "exited during start-up" in error_line(bad_heap, "KF420", 1)
+    nothing_left()
+
+    stopped = run("mirror", "status", "--json")
+    assert stopped.code == 0, stopped.err
+    assert json.loads(stopped.out) == {
+        "state": "stopped",
+        "pid": None,
+        "started_at": None,
+        "primary": clusters.primary.kafka.bootstrap,
+        "backup": None,
+        "topics": ".*",
+        "groups": ".*",
+    }
+    assert run("mirror", "stop").err.strip() == "mirror was not running"
+
+
+def test_mirror_configuration_for_secured_clusters(tmp_path: Path) -> None:
+    """Each cluster's Java client properties go under its alias; the passwords stay out
+    of reach of others (the file is its owner's only while the mirror runs)."""
+    settings = load_settings(
+        state_dir=tmp_path,
+        kafka={
+            "bootstrap_servers": "p1:9093",
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "admin",
+            "sasl_password": 'pa"ss',
+            "ssl_ca_location": "/ca/primary.pem",
+        },
+        mirror={
+            "target": "b1:9093",
+            "target_security_protocol": "SASL_SSL",
+            "target_sasl_mechanism": "PLAIN",
+            "target_sasl_username": "mm2",
+            "target_sasl_password": "secret",
+            "target_ssl_ca_location": "/ca/backup.pem",
+        },
+    )
+    mirror = Mirror(settings)
+    plan = MirrorPlan("p1:9093", "b1:9093", "orders", "billing")
+    text = mm2_properties(settings, plan, mirror.primary, mirror.backup())
+    props = dict(line.split(" = ", 1) for line in text.splitlines())
+    assert props["primary.bootstrap.servers"] == "p1:9093"
+    # Escaped for a properties file: Java reads back password="pa\"ss".
+    assert props["primary.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="admin" password="pa\\\\"ss";'
+    )
+    assert props["primary.ssl.truststore.location"] == "/ca/primary.pem"
+    assert props["backup.security.protocol"] == "SASL_SSL"
+    assert props["backup.sasl.mechanism"] == "PLAIN"
+    assert props["backup.ssl.truststore.location"] == "/ca/backup.pem"
+    assert (props["primary->backup.topics"], props["primary->backup.groups"]) == (
+        "orders",
+        "billing",
+    )
+    assert props["replication.policy.class"].endswith("IdentityReplicationPolicy")
+    assert props["sync.group.offsets.enabled"] == "true"
+    assert props["primary.consumer.isolation.level"] == "read_committed"
+
+
+def test_checkpoint_records_decode() -> None:
+    """MirrorMaker's checkpoint records, as Checkpoint.java writes them."""
+
+    def string(text: str) -> bytes:
+        return len(text).to_bytes(2, "big") + text.encode()
+
+    key = string("billing") + string("orders") + (3).to_bytes(4, "big")
+    value = (0).to_bytes(2, "big") + (120).to_bytes(8, "big") + (118).to_bytes(8, "big")
+    assert decode_checkpoint(key, value + string("")) == ("billing", "orders", 3, 120, 118)
+    assert decode_checkpoint(key, (1).to_bytes(2, "big") + value[2:]) is None
+    assert decode_checkpoint(b"\x00", value) is None
+
+
+# The failover.
+
+
+@dataclass
+class Stream:
+    """Events sent to the primary until it stops, each with where the primary put it."""
+
+    settings: Settings
+    orders: str
+    clicks: str
+    #: Acknowledged by the primary: id → (topic, partition, offset).
+    acked: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    #: Every event sent, by id.
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: int = 0
+    sent: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    #: Set when the orders' consumer has left: no order is sent after.
+    orders_done: threading.Event = field(default_factory=threading.Event)
+
+    def delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            return
+        value = json.loads(msg.value())
+        self.acked[value["id"]] = (msg.topic(), msg.partition(), msg.offset())
+
+    def send_transactions(self, count: int) -> None:
+        """Clicks each in a transaction of its own: each commit marker takes an offset on
+        the primary that the backup does not have, so the clusters' offsets differ (as
+        they do for any topic a kappaflow job writes), and only a move by time lands the
+        job where it was."""
+        producer = Producer(
+            {
+                **self.settings.kafka.client_config(),
+                "transactional.id": f"mx-{uuid.uuid4().hex[:6]}",
+                "log_level": "0",
+            }
+        )
+        producer.init_transactions(30)
+        for i in range(count):
+            now = int(time.time() * 1000)
+            click: dict[str, Any] = {"page": f"/p{i % 3}", "ts": now, "id": f"t{i}"}
+            self.values[f"t{i}"] = click
+            producer.begin_transaction()
+            producer.produce(
+                self.clicks, key=f"/p{i % 3}", value=json.dumps(click), on_delivery=self.delivered
+            )
+            producer.commit_transaction(30)
+        producer.flush(30)
+
+    def run(self) -> None:
+        producer = Producer(
+            {
+                **self.settings.kafka.client_config(),
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                # A send the stopped primary cannot take fails in seconds, not minutes.
+                "message.timeout.ms": 5000,
+                "log_level": "0",
+            }
+        )
+
+        i = 0
+        while not self.stop.is_set():
+            now = int(time.time() * 1000)
+            click: dict[str, Any] = {"page": f"/p{i % 3}", "ts": now, "id": f"c{i}"}
+            order: dict[str, Any] = {"id": f"o{i}", "n": i}
+            sending = [(self.clicks, click, f"/p{i % 3}")]
+            if not self.orders_done.is_set():
+                sending.append((self.orders, order, str(i % 5)))
+            for name, value, key in sending:
+                self.values[str(value["id"])] = value
+                producer.produce(
+                    name,
+                    key=key,
+                    value=json.dumps(value),
+                    timestamp=now,
+                    on_delivery=self.delivered,
+                )
+            self.sent += 1
+            i += 1
+            producer.poll(0)
+            # About 25 events a second on each topic.
+            self.stop.wait(0.04)
+        producer.flush(15)
+
+
+@dataclass
+class Failover:
+    stream: Stream
+    #: The group's committed offsets on the primary when its consumer stopped.
+    committed: dict[int, int]
+    #: What the consumer processed on the primary: id → partition.
+    consumed: dict[str, int]
+    job: str
+    #: The counting job's end offsets of its last committed batch on the primary.
+    job_offsets: dict[int, int]
+    #: Its last batch's time (epoch ms), as `count status` reports it.
+    job_last_batch_ms: int
+    #: The mirror's status once the primary was gone.
+    mirror_status: dict[str, Any]
+
+
+def ids_by_partition(messages: list[dict[str, Any]]) -> dict[str, int]:
+    return {json.loads(m["value"])["id"]: m["partition"] for m in messages}
+
+
+@pytest.fixture(scope="module")
+def failover(clusters: Clusters) -> Iterator[Failover]:
+    """A consumer group and a counting job on the primary; events sent to it all along;
+    the primary stopped mid-stream."""
+    primary, job = clusters.primary, clusters.job
+    stream = Stream(primary, topic(primary), clusters.clicks)
+    stream.send_transactions(40)
+    sender = threading.Thread(target=stream.run, daemon=True)
+    sender.start()
+    try:
+        # The orders' producer stops once their consumer has caught up with them, so that
+        # MirrorMaker translates the group's last commit near the end of the log (one far
+        # behind it translates more coarsely: docs/deployment.md). The clicks go on until
+        # the primary stops.
+        consumed, committed = consume_some(
+            primary, stream.orders, "billing", 200, stream.orders_done
+        )
+        # The group's last commit translated to the backup, and committed there.
+        wait_for(
+            Synced(clusters, "billing", stream.orders),
+            timeout=60,
+            interval=0.5,
+            what="the group's offsets synced to the backup",
+        )
+        store = CountStore(redis_client(primary), job)
+        wait_for(
+            lambda: True if store.stats().counted >= 200 else None,
+            timeout=180,
+            interval=0.5,
+            what="the counting job to count 200 events on the primary",
+        )
+        # Mid-stream: the sender keeps sending until the primary is gone.
+        clusters.brokers["primary"].stop(timeout=30)
+    finally:
+        stream.stop.set()
+        sender.join(30)
+    home = Path(primary.checkpoint_location) / job / "counts"
+    last = last_committed(home)
+    assert last is not None
+    job_offsets = {int(p): o for p, o in batch_end_offsets(home, last)[stream.clicks].items()}
+    progress = JobManager(primary).progress(job)
+    status = clusters.cli("mirror", "status", "--json")
+    assert status.code == 0, status.err
+    yield Failover(
+        stream,
+        committed,
+        consumed,
+        job,
+        job_offsets,
+        to_epoch_ms(parse_time(progress[f"{job}.counts"]["timestamp"])),
+        json.loads(status.out),
+    )
+
+
+def consume_some(
+    settings: Settings, name: str, group: str, at_least: int, caught_up: threading.Event
+) -> tuple[dict[str, int], dict[int, int]]:
+    """A consumer of ``group`` processes at least ``at_least`` records, committing after
+    each, until it has caught up with the log; it sets ``caught_up`` and leaves. What it
+    processed (id → partition) and its committed offsets."""
+    consumer = Consumer(
+        {
+            **settings.kafka.client_config(),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "log_level": "0",
+        }
+    )
+    consumer.subscribe([name])
+    processed: dict[str, int] = {}
+    partitions = [TopicPartition(name, p) for p in (0, 1)]
+
+    def behind() -> int:
+        ends = [consumer.get_watermark_offsets(tp, timeout=5)[1] for tp in partitions]
+        return sum(
+            end - tp.offset for end, tp in zip(ends, consumer.position(partitions), strict=True)
+        )
+
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                processed[json.loads(message.value() or b"{}")["id"]] = message.partition() or 0
+                consumer.commit(message=message, asynchronous=False)
+            if len(processed) >= at_least and behind() <= 4:
+                caught_up.set()
+                break
+        offsets = consumer.committed(partitions, timeout=10)
+    finally:
+        consumer.close()
+    assert caught_up.is_set(), "the consumer did not catch up with the log"
+    return processed, {tp.partition: tp.offset for tp in offsets}
+
+
+def group_offsets(settings: Settings, group: str, name: str) -> dict[int, int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = AdminClient({**settings.kafka.client_config(), "log_level": "0"})
+    wanted = [ConsumerGroupTopicPartitions(group, [TopicPartition(name, p) for p in (0, 1)])]
+    result = admin.list_consumer_group_offsets(wanted)[group].result(timeout=10)
+    return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+
+class Synced:
+    """Whether MirrorMaker has translated a group's offsets and committed them on the
+    backup, and they have stayed put for a few sync intervals (a checkpoint is written
+    only when the translation moves forward, so none marks the last one)."""
+
+    def __init__(self, clusters: Clusters, group: str, name: str) -> None:
+        self.clusters, self.group, self.name = clusters, group, name
+        self.last: dict[int, int] | None = None
+        self.since = time.monotonic()
+
+    def __call__(self) -> bool | None:
+        newest: dict[int, int] = {}
+        try:
+            for message in read_records(
+                self.clusters.backup.kafka,
+                "primary.checkpoints.internal",
+                start=StartAt(beginning=True),
+            ):
+                found = decode_checkpoint(message.key() or b"", message.value() or b"")
+                if found is not None and found[:2] == (self.group, self.name):
+                    newest[found[2]] = found[4]
+        except KappaflowError:
+            return None  # no checkpoint yet
+        on_backup = group_offsets(self.clusters.backup, self.group, self.name)
+        if set(on_backup) != {0, 1} or on_backup != newest:
+            self.last = None
+            return None
+        if on_backup != self.last:
+            self.last, self.since = on_backup, time.monotonic()
+        return True if time.monotonic() - self.since >= 3 * SYNC_INTERVAL_S else None
+
+
+def lost(stream: Stream, name: str, on_backup: set[str]) -> set[str]:
+    """What the primary acknowledged to the sender but the backup does not hold."""
+    return {i for i, (t, _, _) in stream.acked.items() if t == name} - on_backup
+
+
+def test_a_consumer_group_goes_on_on_the_backup(clusters: Clusters, failover: Failover) -> None:
+    stream = failover.stream
+    backup_records = records(clusters.backup, stream.orders)
+    on_backup = ids_by_partition(backup_records)
+    # Records the primary took after the mirror's last copy: lost with the primary.
+    missing = lost(stream, stream.orders, set(on_backup))
+    synced_to = group_offsets(clusters.backup, "billing", stream.orders)
+    consumer = Consumer(
+        {
+            **clusters.backup.kafka.client_config(),
+            "group.id": "billing",
+            "enable.auto.commit": False,
+            # Were the translated offsets missing, this would read everything again
+            # (and the repeat bound below would fail): they must be there.
+            "auto.offset.reset": "earliest",
+            "log_level": "0",
+        }
+    )
+    consumer.subscribe([stream.orders])
+    ends = Counter[int]()
+    for r in backup_records:
+        ends[r["partition"]] = max(ends[r["partition"]], r["offset"] + 1)
+    later: list[str] = []
+
+    def at_end() -> bool | None:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            later.append(json.loads(message.value() or b"{}")["id"])
+        positions = consumer.position([TopicPartition(stream.orders, p) for p in ends])
+        # No position before the first record: a partition read to its end on the primary
+        # starts, and stays, at its committed offset.
+        at = {
+            tp.partition: tp.offset if tp.offset >= 0 else synced_to[tp.partition]
+            for tp in positions
+        }
+        return True if all(at[p] >= end for p, end in ends.items()) else None
+
+    try:
+        wait_for(at_end, timeout=60, interval=0, what="the consumer to read the backup to its end")
+    finally:
+        consumer.close()
+    repeated = Counter(failover.consumed[i] for i in later if i in failover.consumed)
+    seen = set(failover.consumed) | set(later)
+    report(
+        "consumer group failover",
+        records_on_backup=len(on_backup),
+        consumed_on_primary=len(failover.consumed),
+        consumed_on_backup=len(later),
+        repeated_per_partition=dict(repeated),
+        committed_on_primary=failover.committed,
+        synced_to_backup=synced_to,
+        acked_by_primary_not_on_backup=len(missing),
+        sent_not_acked=stream.failed,
+    )
+    # Nothing lost: every record the backup holds was processed on one side or the other.
+    assert set(on_backup) <= seen
+    assert len(later) == len(set(later)), "read twice on the backup"
+    # What is read again is what the translation stopped short of: at most offset.lag.max
+    # records per partition before the group's last commit.
+    for partition, offset in failover.committed.items():
+        assert 0 <= offset - synced_to[partition] <= OFFSET_LAG_MAX
+        assert repeated[partition] == offset - synced_to[partition]
+
+
+def report(what: str, **figures: Any) -> None:
+    """Figures the runbook quotes (docs/deployment.md), in the test's output."""
+    print(f"\n{what}: " + json.dumps(figures, default=str))
+
+
+def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Failover) -> None:
+    stream, job, backup = failover.stream, failover.job, clusters.backup
+    on_backup = "--bootstrap-servers", backup.kafka.bootstrap
+    # The primary is gone, the driver still runs: its checkpoint cannot move yet.
+    running = clusters.cli(
+        *on_backup, "count", "start", job, "--source", stream.clicks, *COUNT_DEFINITION,
+        "--from-time", "now",
+    )  # fmt: skip
+    assert "is running: stop it first" in error_line(running, "KF423", 1)
+    stopped = clusters.cli("jobs", "stop", job, "--timeout", "10")
+    assert stopped.code == 0, stopped.err
+    store = CountStore(redis_client(clusters.primary), job)
+    before = store.stats()
+
+    # The point to go on from (the runbook): the earlier of what the mirror reached and
+    # the job's last batch, less a margin.
+    reached = to_epoch_ms(parse_time(failover.mirror_status["mirrored_until"]))
+    since = min(reached, failover.job_last_batch_ms) - MARGIN_MS
+    # A job that never ran starts at the first record of each partition stamped then.
+    there = load_settings(
+        state_dir=clusters.primary.state_dir, kafka={"bootstrap_servers": backup.kafka.bootstrap}
+    )
+    fresh, moved = start_from(there, "never-ran", stream.clicks, from_epoch_ms(since))
+    assert moved == []
+    starts = {int(p): o for p, o in json.loads(fresh)[stream.clicks].items()}
+    assert set(starts) == {0, 1}
+    for r in records(backup, stream.clicks):
+        assert (r["offset"] >= starts[r["partition"]]) == (r["timestamp"] >= since), r
+
+    restarted = clusters.cli(
+        *on_backup, "count", "start", job, "--source", stream.clicks, *COUNT_DEFINITION,
+        "--from-time", iso(from_epoch_ms(since)),
+    )  # fmt: skip
+    assert restarted.code == 0, restarted.err
+    assert "goes on from" in restarted.err and "counts: after batch" in restarted.err
+
+    # The producers fail over too: more events, sent to the backup.
+    now = int(time.time() * 1000)
+    after = [{"page": f"/p{i % 3}", "ts": now + i, "id": f"b{i}"} for i in range(60)]
+    producer = Producer(backup.kafka.client_config())
+    for value in after:
+        producer.produce(stream.clicks, key=str(value["page"]), value=json.dumps(value))
+    assert producer.flush(30) == 0
+
+    held = {
+        json.loads(m["value"])["id"]: json.loads(m["value"]) for m in records(backup, stream.clicks)
+    }
+    # What the job counted on the primary that the mirror never copied stays counted:
+    # the counts then hold events the backup does not.
+    counted_there = {
+        i
+        for i, (t, p, offset) in stream.acked.items()
+        if t == stream.clicks and offset < failover.job_offsets[p]
+    }
+    counted_not_held = counted_there - set(held)
+    want = expected([*held.values(), *(stream.values[i] for i in counted_not_held)])
+
+    def counts() -> dict[tuple[str, int], int]:
+        return {(w.key, w.window_start): w.count for w in store.windows()}
+
+    try:
+        wait_for(
+            lambda: True if counts() == want else None,
+            timeout=180,
+            interval=1,
+            what="the job's counts to equal the oracle over the backup's events",
+        )
+    finally:
+        clusters.cli("jobs", "stop", job, "--timeout", "10")
+    stats = store.stats()
+    reread = (stats.duplicates - before.duplicates, stats.late - before.late)
+    report(
+        "counting job failover",
+        events_on_backup=len(held),
+        sent_to_backup_after=len(after),
+        clicks_acked_by_primary_not_on_backup=len(lost(stream, stream.clicks, set(held))),
+        counted_on_primary_not_on_backup=len(counted_not_held),
+        reread_dropped_as_duplicates=reread[0],
+        reread_reported_late=reread[1],
+        went_back_ms=min(reached, failover.job_last_batch_ms) - since,
+    )
+    # Everything the backup holds is counted, once (the counts equal the oracle); what
+    # was read again was dropped by its id, or reported late where its window was gone.
+    assert sum(reread) > 0, "the job did not go back: nothing was read again"
+
+
+def expected(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """Counts per (page, window start), computed without the engine; ids counted once."""
+    unique = {e["id"]: e for e in events}
+    found: Counter[tuple[str, int]] = Counter()
+    for value in unique.values():
+        found[(value["page"], value["ts"] - value["ts"] % WINDOW_MS)] += 1
+    return dict(found)

@@ -126,8 +126,13 @@ def test_a_consumer_groups_lag_per_topic(serving: Settings) -> None:
     # 5 records in each partition; committed: 4 and 1.
     commit(kafka, group, [TopicPartition(topic, 0, 4), TopicPartition(topic, 1, 1)])
     with serve(kafka) as client:
-        samples = scrape(client)
-    assert value(samples, "kappaflow_kafka_up") == 1
+        # A scrape whose read of the broker times out (a loaded machine) says the broker
+        # is down, and the next one reads it again.
+        samples = wait_for(
+            lambda: found if value(found := scrape(client), "kappaflow_kafka_up") == 1 else None,
+            timeout=60,
+            what="a scrape that reached the broker",
+        )
     labels = {"group": group, "topic": topic}
     assert value(samples, "kappaflow_kafka_consumer_group_lag", **labels) == 1 + 4
     assert value(samples, "kappaflow_kafka_consumer_group_committed_offsets", **labels) == 5

@@ -31,6 +31,7 @@ from kappaflow.errors import (
 from kappaflow.install.artifacts import kafka_mirror_jars
 from kappaflow.install.java import find_java
 from kappaflow.kafka.clients import cluster_metadata
+from kappaflow.kafka.node import rolling_log4j2
 from kappaflow.procs import ManagedProcess, ProcState, tail
 from kappaflow.settings import KafkaSettings, Settings
 from kappaflow.waiting import wait_for
@@ -47,26 +48,7 @@ INTERNAL_TOPICS = re.compile(r".*[\-.]internal|.*\.replica|__.*|heartbeats")
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 
-_LOG4J2 = """\
-status = warn
-appender.file.type = RollingFile
-appender.file.name = MIRROR
-appender.file.fileName = ${sys:kafka.logs.dir}/mirror.log
-appender.file.filePattern = ${sys:kafka.logs.dir}/mirror.log.%i
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-appender.file.policies.type = Policies
-appender.file.policies.size.type = SizeBasedTriggeringPolicy
-appender.file.policies.size.size = 20MB
-appender.file.strategy.type = DefaultRolloverStrategy
-appender.file.strategy.max = 3
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = MIRROR
-logger.clients.name = org.apache.kafka.clients
-logger.clients.level = WARN
-logger.reflections.name = org.reflections
-logger.reflections.level = ERROR
-"""
+_LOG4J2 = rolling_log4j2("mirror", {"org.apache.kafka.clients": "WARN", "org.reflections": "ERROR"})
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,32 @@ from pathlib import Path
 from kappaflow.errors import ServiceExitedError, StateDirError
 from kappaflow.procs import ManagedProcess, ProcState, tail
 
-_LOG4J2 = """\
-status = warn
-appender.file.type = RollingFile
-appender.file.name = SERVER
-appender.file.fileName = ${sys:kafka.logs.dir}/server.log
-appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-appender.file.policies.type = Policies
-appender.file.policies.size.type = SizeBasedTriggeringPolicy
-appender.file.policies.size.size = 20MB
-appender.file.strategy.type = DefaultRolloverStrategy
-appender.file.strategy.max = 3
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = SERVER
-logger.request.name = kafka.request.logger
-logger.request.level = WARN
-"""
+
+def rolling_log4j2(log: str, quiet: dict[str, str]) -> str:
+    """A log4j2 configuration that writes ``${kafka.logs.dir}/LOG.log``, rolled at 20 MB
+    (three kept), INFO by default and each logger of ``quiet`` at its level."""
+    lines = [
+        "status = warn",
+        "appender.file.type = RollingFile",
+        "appender.file.name = FILE",
+        f"appender.file.fileName = ${{sys:kafka.logs.dir}}/{log}.log",
+        f"appender.file.filePattern = ${{sys:kafka.logs.dir}}/{log}.log.%i",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+        "appender.file.policies.type = Policies",
+        "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+        "appender.file.policies.size.size = 20MB",
+        "appender.file.strategy.type = DefaultRolloverStrategy",
+        "appender.file.strategy.max = 3",
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.file.ref = FILE",
+    ]
+    for n, (logger, level) in enumerate(quiet.items()):
+        lines += [f"logger.l{n}.name = {logger}", f"logger.l{n}.level = {level}"]
+    return "\n".join(lines) + "\n"
+
+
+_LOG4J2 = rolling_log4j2("server", {"kafka.request.logger": "WARN"})
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,17 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import RunCli, run_kappaflow
 
+from kappaflow.errors import JobError
 from kappaflow.iot.evaluation import incidents, judge, replay
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
+from kappaflow.iot.replay import Running
+from kappaflow.jobs.runner import MAX_RESTARTS
 from kappaflow.settings import Settings
 
 
@@ -184,3 +188,52 @@ def test_evaluate_through_kafka_and_the_jobs_scores_as_the_trainer_and_scorer_do
     assert outs["kafka"] == outs["local"]
     temp = list(csv.reader(outs["kafka"]["a/temp.csv"].splitlines()))[1:]
     assert float(temp[150][2]) >= ALERT_SCORE
+
+
+class _Query:
+    """What the evaluation's supervision reads of a streaming query."""
+
+    def __init__(self, error: str | None = None) -> None:
+        self.error, self.stopped = error, False
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 (Spark's name)
+        return self.error is None and not self.stopped
+
+    def exception(self) -> str | None:
+        return self.error
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_an_evaluation_job_starts_again_after_a_python_worker_missed_its_start() -> None:
+    late = "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat ..."
+    starts: list[list[_Query]] = []
+
+    def start() -> list[Any]:
+        starts.append([_Query(late), _Query()])
+        return list(starts[-1])
+
+    job = Running(start, "kf-evaluate-x-score")
+    for restart in range(1, MAX_RESTARTS + 1):
+        job.check()
+        assert len(starts) == restart + 1
+        assert all(q.stopped or q.error for q in starts[-2])
+    with pytest.raises(JobError, match=r"kf-evaluate-x-score failed: .*failed to connect back"):
+        job.check()
+
+
+def test_an_evaluation_job_that_fails_otherwise_ends_the_evaluation_at_once() -> None:
+    starts: list[int] = []
+
+    def start() -> list[Any]:
+        starts.append(1)
+        return [_Query(), _Query("StreamingQueryException: division by zero")]
+
+    job = Running(start, "kf-evaluate-x-train")
+    with pytest.raises(JobError, match="division by zero"):
+        job.check()
+    assert starts == [1]
+    healthy = Running(lambda: [_Query()], "kf-evaluate-x-score")
+    healthy.check()

@@ -430,10 +430,10 @@ def failover(clusters: Clusters) -> Iterator[Failover]:
     sender = threading.Thread(target=stream.run, daemon=True)
     sender.start()
     try:
-        # The orders' producer stops once their consumer has caught up with them, so that
-        # MirrorMaker translates the group's last commit near the end of the log (one far
-        # behind it translates more coarsely: docs/deployment.md). The clicks go on until
-        # the primary stops.
+        # The orders' producer stops once their consumer has processed enough, and the
+        # consumer commits up to the end of the log, so that MirrorMaker translates the
+        # group's last commit at the end (one far behind it translates more coarsely:
+        # docs/deployment.md). The clicks go on until the primary stops.
         consumed, committed = consume_some(
             primary, stream.orders, "billing", 200, stream.orders_done
         )
@@ -475,11 +475,11 @@ def failover(clusters: Clusters) -> Iterator[Failover]:
 
 
 def consume_some(
-    settings: Settings, name: str, group: str, at_least: int, caught_up: threading.Event
+    settings: Settings, name: str, group: str, at_least: int, enough: threading.Event
 ) -> tuple[dict[str, int], dict[int, int]]:
     """A consumer of ``group`` processes at least ``at_least`` records, committing after
-    each, until it has caught up with the log; it sets ``caught_up`` and leaves. What it
-    processed (id → partition) and its committed offsets."""
+    each; then it sets ``enough`` (the topic's producer sends no more), reads to the end of
+    the log and leaves. What it processed (id → partition) and its committed offsets."""
     consumer = Consumer(
         {
             **settings.kafka.client_config(),
@@ -499,6 +499,10 @@ def consume_some(
             end - tp.offset for end, tp in zip(ends, consumer.position(partitions), strict=True)
         )
 
+    # Whether the consumer reached the end of the log once its producer had stopped: a
+    # consumer slower than the producer (a loaded machine) would never catch up with a
+    # log that still grows.
+    drained = False
     deadline = time.monotonic() + 90
     try:
         while time.monotonic() < deadline:
@@ -506,13 +510,16 @@ def consume_some(
             if message is not None and message.error() is None:
                 processed[json.loads(message.value() or b"{}")["id"]] = message.partition() or 0
                 consumer.commit(message=message, asynchronous=False)
-            if len(processed) >= at_least and behind() <= 4:
-                caught_up.set()
+                if len(processed) >= at_least:
+                    enough.set()
+            elif enough.is_set() and behind() == 0:
+                drained = True
                 break
         offsets = consumer.committed(partitions, timeout=10)
     finally:
+        enough.set()
         consumer.close()
-    assert caught_up.is_set(), "the consumer did not catch up with the log"
+    assert drained, "the consumer did not reach the end of the log"
     return processed, {tp.partition: tp.offset for tp in offsets}
 
 

@@ -19,19 +19,23 @@ newest model published when its micro-batch begins.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, Producer, TopicPartition
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
-from kappaflow.errors import WaitTimeoutError
+from kappaflow.errors import JobError, WaitTimeoutError
 from kappaflow.iot import score, train
 from kappaflow.iot.evaluation import Series, parse_time, rounds
 from kappaflow.jobs.pipeline import JobContext
+from kappaflow.jobs.runner import MAX_RESTARTS, restartable
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.topics import create_topic, delete_topic, topic_partitions
 from kappaflow.settings import Settings
@@ -111,28 +115,36 @@ def replay_through_kafka(
     for topic in (topics.score_in, topics.train_in):
         create_topic(settings.kafka, topic, exist_ok=True)
     params = {"model": model, "forget_after": "never"}
-    trainer = start_app(
-        train.build,
-        JobContext(
-            f"{run}-train",
-            {**params, "source": topics.train_in, "dest": topics.models},
-            spark,
-            settings,
+    trainer = Running(
+        partial(
+            start_app,
+            train.build,
+            JobContext(
+                f"{run}-train",
+                {**params, "source": topics.train_in, "dest": topics.models},
+                spark,
+                settings,
+            ),
         ),
+        f"{run}-train",
     )
-    scorer = start_app(
-        score.build,
-        JobContext(
-            f"{run}-score",
-            {
-                **params,
-                "source": topics.score_in,
-                "models": topics.models,
-                "dest": topics.scores,
-            },
-            spark,
-            settings,
+    scorer = Running(
+        partial(
+            start_app,
+            score.build,
+            JobContext(
+                f"{run}-score",
+                {
+                    **params,
+                    "source": topics.score_in,
+                    "models": topics.models,
+                    "dest": topics.scores,
+                },
+                spark,
+                settings,
+            ),
         ),
+        f"{run}-score",
     )
     sender = producer(settings.kafka)
     scores_tail, models_tail = _Tail(settings, topics.scores), _Tail(settings, topics.models)
@@ -152,9 +164,10 @@ def replay_through_kafka(
                     want_learnt[device] = learnt.get(device, 0) + len(records)
             _send(sender, topics.score_in, sent)
             want_scored = len(scored) + len(sent)
-            _wait(lambda: _take_scores(scores_tail, scored), want_scored, "scored", number)
+            _wait(scorer, lambda: _take_scores(scores_tail, scored), want_scored, "scored", number)
             _send(sender, topics.train_in, sent)
             _wait(
+                trainer,
                 lambda: _take_models(models_tail, learnt),
                 want_learnt,
                 "learnt",
@@ -165,8 +178,8 @@ def replay_through_kafka(
     finally:
         scores_tail.close()
         models_tail.close()
-        for query in (*trainer, *scorer):
-            query.stop()
+        trainer.stop()
+        scorer.stop()
         for topic in topics.all():
             delete_topic(settings.kafka, topic)
     return {
@@ -200,8 +213,42 @@ def _take_models(tail: _Tail, learnt: dict[str, int]) -> dict[str, int]:
     return learnt
 
 
-def _wait(probe: Callable[[], object], want: object, what: str, number: int) -> None:
+class Running:
+    """A job of the evaluation, started in this process. Its queries start again from their
+    checkpoints after a failure a restart cures, as a job's driver does (jobs/runner.py);
+    any other failure ends the evaluation at once."""
+
+    def __init__(self, start: Callable[[], list[StreamingQuery]], name: str) -> None:
+        self._start = start
+        self.name = name
+        self.restarts = 0
+        self.queries = start()
+
+    def check(self) -> None:
+        failed = [q.exception() for q in self.queries if not q.isActive and q.exception()]
+        if not failed:
+            return
+        if self.restarts >= MAX_RESTARTS or not restartable(self.queries):
+            reason = str(failed[0]).strip().splitlines()[0]
+            raise JobError(f"job {self.name} failed: {reason}")
+        self.restarts += 1
+        print(
+            f"job {self.name}: restarting its queries from their checkpoints "
+            f"({self.restarts} of {MAX_RESTARTS})",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.stop()
+        self.queries = self._start()
+
+    def stop(self) -> None:
+        for query in self.queries:
+            query.stop()
+
+
+def _wait(job: Running, probe: Callable[[], object], want: object, what: str, number: int) -> None:
     def reached() -> bool | None:
+        job.check()
         got = probe()
         if isinstance(want, int):
             return True if isinstance(got, int) and got >= want else None

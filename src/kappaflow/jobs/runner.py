@@ -134,7 +134,7 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
                 break
             queries = pipeline.start(ctx)
             continue
-        if state is not JobState.FAILED or restarts >= MAX_RESTARTS or not _transient(queries):
+        if state is not JobState.FAILED or restarts >= MAX_RESTARTS or not restartable(queries):
             break
         restarts += 1
         print(
@@ -170,8 +170,8 @@ def _between_batches(queries: list[Any], stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def _transient(queries: list[Any]) -> bool:
-    """Whether every failed query failed for a reason a restart cures."""
+def restartable(queries: list[Any]) -> bool:
+    """Whether some query failed, and every failed one for a reason a restart cures."""
     failed = [str(q.exception()) for q in queries if not q.isActive and q.exception()]
     return bool(failed) and all(any(t in text for t in TRANSIENT) for text in failed)
 

@@ -18,9 +18,9 @@ import kappaflow as kf
 from alarm import build as alarm
 from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.topics import create_topic
+from kappaflow.serving.client import redis_prefix
 from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
-from kappaflow.streams.backends import redis_prefix
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.waiting import wait_for
 from orders import build as orders

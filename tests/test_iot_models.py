@@ -235,5 +235,5 @@ def test_an_evaluation_job_that_fails_otherwise_ends_the_evaluation_at_once() ->
     with pytest.raises(JobError, match="division by zero"):
         job.check()
     assert starts == [1]
-    healthy = Running(lambda: [_Query()], "kf-evaluate-x-score")
-    healthy.check()
+    healthy: list[Any] = [_Query()]
+    Running(lambda: healthy, "kf-evaluate-x-score").check()

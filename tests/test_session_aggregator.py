@@ -25,7 +25,7 @@ from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
 from kappaflow.counting.arrow_ipc import table_from_ipc
-from kappaflow.counting.rows import SESSIONS_WINDOW
+from kappaflow.counting.kinds import SESSIONS_WINDOW
 from kappaflow.streams.folding import partial_name
 from kappaflow.streams.session_windows import DEAD_SHARD, SessionAggregator, SessionState
 from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA

@@ -23,7 +23,7 @@ from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
 from kappaflow.counting.arrow_ipc import table_from_ipc
-from kappaflow.counting.rows import DEAD_WINDOW
+from kappaflow.counting.kinds import DEAD_WINDOW
 from kappaflow.streams.folding import Folder, partial_name
 from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA, WindowAggregator, WindowState
 

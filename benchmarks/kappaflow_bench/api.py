@@ -34,9 +34,8 @@ from typing import Any
 from kappaflow.errors import JobError
 from kappaflow.jobs.manager import ACTIVE_STATES, JobManager, JobState
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
-from kappaflow.serving.client import redis_client
+from kappaflow.serving.client import redis_client, redis_prefix
 from kappaflow.settings import Settings, SettingsOverrides
-from kappaflow.streams.backends import redis_prefix
 from kappaflow.streams.status import job_status
 from kappaflow.waiting import wait_for
 from kappaflow_bench.count import clean_up, event, measure_throughput, produce_backlog

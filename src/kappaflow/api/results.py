@@ -19,7 +19,7 @@ import redis
 from redis.client import Pipeline
 
 from kappaflow.errors import ApiBadRequestError
-from kappaflow.streams.backends import redis_prefix
+from kappaflow.serving.client import redis_prefix
 from kappaflow.timeutil import from_epoch_ms, iso
 
 #: Keys a scan of an output's windows reads per round trip.

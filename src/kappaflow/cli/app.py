@@ -1,19 +1,68 @@
-"""The root command: global options and lazily loaded settings."""
+"""The root command: global options, lazily loaded settings and commands.
+
+A command's module is imported when the command runs (or when help lists it), not at
+every start: `kappaflow count status` does not load the IoT application, the service or
+the savepoint code. COMMANDS says where each top-level command lives; a test checks it
+against the modules themselves.
+"""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import click
 
 from kappaflow import __version__
-from kappaflow.cli import access, count, data, demo, iot, jobs, services, spark, sql, topics
-from kappaflow.cli import api as _api_serve  # noqa: F401 (adds `api serve`)
 from kappaflow.cli.context import Context, settings_options
-from kappaflow.cli.mirror import mirror
+
+#: Each top-level command: its module and the command's name there.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "setup": ("kappaflow.cli.services", "setup"),
+    "up": ("kappaflow.cli.services", "up"),
+    "down": ("kappaflow.cli.services", "down"),
+    "status": ("kappaflow.cli.services", "status"),
+    "kafka": ("kappaflow.cli.services", "kafka"),
+    "redis": ("kappaflow.cli.services", "redis"),
+    "mqtt": ("kappaflow.cli.services", "mqtt"),
+    # The service's group is declared with the services; `api serve` comes with it.
+    "api": ("kappaflow.cli.api", "api"),
+    "demo": ("kappaflow.cli.demo", "demo"),
+    "topics": ("kappaflow.cli.topics", "topics"),
+    "produce": ("kappaflow.cli.data", "produce"),
+    "consume": ("kappaflow.cli.data", "consume"),
+    "replay": ("kappaflow.cli.data", "replay"),
+    "jobs": ("kappaflow.cli.jobs", "jobs"),
+    "count": ("kappaflow.cli.count", "count"),
+    "counts": ("kappaflow.cli.count", "counts"),
+    "iot": ("kappaflow.cli.iot", "iot"),
+    "sql": ("kappaflow.cli.sql", "sql"),
+    "users": ("kappaflow.cli.access", "users"),
+    "acls": ("kappaflow.cli.access", "acls"),
+    "spark": ("kappaflow.cli.spark", "spark"),
+    "mirror": ("kappaflow.cli.mirror", "mirror"),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use, from COMMANDS."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, name = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), name)
+            assert isinstance(command, click.Command), f"{module}.{name} is not a command"
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="kappaflow")
 @settings_options
 @click.pass_context
@@ -33,19 +82,3 @@ def cli(
     ctx.obj = Context.from_options(
         config_file, state_dir, bootstrap_servers, spark_master, redis_url
     )
-
-
-for _command in (
-    *services.COMMANDS,
-    demo.demo,
-    topics.topics,
-    *data.COMMANDS,
-    jobs.jobs,
-    *count.COMMANDS,
-    *iot.COMMANDS,
-    sql.sql,
-    *access.COMMANDS,
-    spark.spark,
-    mirror,
-):
-    cli.add_command(_command)

@@ -25,9 +25,8 @@ from typing import Any
 import redis
 
 from kappaflow.counting.job import OUTPUT
-from kappaflow.counting.rows import SESSIONS_WINDOW
-from kappaflow.serving.client import drop_job_keys
-from kappaflow.streams.backends import redis_prefix
+from kappaflow.counting.kinds import SESSIONS_WINDOW
+from kappaflow.serving.client import drop_job_keys, redis_prefix
 from kappaflow.timeutil import from_epoch_ms, iso
 
 

@@ -45,3 +45,8 @@ def drop_job_keys(client: redis.Redis, job: str) -> int:
     if batch:
         dropped += int(client.unlink(*batch))
     return dropped
+
+
+def redis_prefix(job: str, output: str) -> str:
+    """The prefix of an output's keys in the serving store."""
+    return f"kf:{job}:{output}:"

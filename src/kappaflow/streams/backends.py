@@ -28,6 +28,7 @@ from kappaflow.counting.json_columns import booleans, join, number_text
 from kappaflow.errors import ProduceError
 from kappaflow.kafka.clients import transactional_producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
+from kappaflow.serving.client import redis_prefix
 from kappaflow.settings import Settings
 
 #: A record to publish: topic, key, value.
@@ -206,11 +207,6 @@ end
 return 1
 """
 _CHUNK = 10_000
-
-
-def redis_prefix(job: str, output: str) -> str:
-    """The prefix of an output's keys in the serving store."""
-    return f"kf:{job}:{output}:"
 
 
 def read_latest(

@@ -46,7 +46,7 @@ from kappaflow.counting.arrow_ipc import (
     table_from_ipc,
     table_to_ipc,
 )
-from kappaflow.counting.rows import (
+from kappaflow.counting.kinds import (
     CLOSED,
     CORRECTION,
     FINAL,
@@ -55,8 +55,8 @@ from kappaflow.counting.rows import (
     SESSIONS_WINDOW,
     SHARDS,
     STATS,
-    dead_letter_rows,
 )
+from kappaflow.counting.rows import dead_letter_rows
 from kappaflow.errors import WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import WEIGHT, input_name, partial_fields, reduce_groups

@@ -46,7 +46,7 @@ from kappaflow.counting.arrow_ipc import (
     table_from_ipc,
     table_to_ipc,
 )
-from kappaflow.counting.rows import (
+from kappaflow.counting.kinds import (
     CLOSED,
     CORRECTION,
     DEAD_WINDOW,
@@ -55,9 +55,8 @@ from kappaflow.counting.rows import (
     PROVISIONAL,
     SHARDS,
     STATS,
-    dead_letter_rows,
-    schema_rows,
 )
+from kappaflow.counting.rows import dead_letter_rows, schema_rows
 from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.folding import (

@@ -39,6 +39,11 @@ def test_restart_keeps_topics_and_records(own: Settings) -> None:
     assert broker.start() is False  # already running: nothing to do
     status = broker.status()
     assert status.state is ProcState.RUNNING and status.pid is not None
+    # The settings' JVM options reach the broker's JVM, after kappaflow's own.
+    command = Path(f"/proc/{status.pid}/cmdline").read_bytes().decode().split("\0")
+    assert own.kafka.jvm_options and command.index(own.kafka.jvm_options[0]) > command.index(
+        "-XX:+UseG1GC"
+    )
     create_topic(own.kafka, "kept", partitions=2)
     lines = [json.dumps({"n": n, "k": f"k{n % 3}"}) for n in range(50)]
     assert produce_lines(own.kafka, "kept", lines, key_field="k").sent == 50

@@ -49,7 +49,7 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
         "--rate",
         "60",
         "--duration",
-        "90s",
+        "60s",
         "--port",
         "0",
         timeout=900,

@@ -71,6 +71,11 @@ class KafkaSettings(_Section):
         default=9093, ge=1, le=65535, description="embedded broker's KRaft controller port"
     )
     heap: str = Field(default="512m", description="embedded broker's JVM heap (-Xmx)")
+    jvm_options: list[str] = Field(
+        default_factory=list,
+        description="further options of the embedded broker's JVMs, after kappaflow's (a "
+        "later -XX wins)",
+    )
     brokers: int | None = Field(
         default=None,
         ge=1,

@@ -209,8 +209,11 @@ class EmbeddedBroker:
         """Each node's JVM command line up to the main class, by node."""
         java = find_java()
         classpath = kafka_broker_jars(self.settings)
-        heap = self.settings.kafka.heap
-        return {node.index: node.jvm(java.executable, heap, classpath) for node in self.nodes}
+        kafka = self.settings.kafka
+        return {
+            node.index: node.jvm(java.executable, kafka.heap, classpath, kafka.jvm_options)
+            for node in self.nodes
+        }
 
     def _launch(
         self, jvms: dict[int, list[str]], nodes: list[KafkaNode], *, secure: bool, timeout: float

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,8 +129,10 @@ class KafkaNode:
         self.config_file.chmod(0o600)
         (self.home / "log4j2.properties").write_text(_LOG4J2)
 
-    def jvm(self, java: Path, heap: str, classpath: list[Path]) -> list[str]:
-        """The JVM's command line up to its main class."""
+    def jvm(
+        self, java: Path, heap: str, classpath: list[Path], options: Sequence[str] = ()
+    ) -> list[str]:
+        """The JVM's command line up to its main class; ``options`` after kappaflow's."""
         return [
             str(java),
             f"-Xmx{heap}",
@@ -139,6 +142,7 @@ class KafkaNode:
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.log_dir}",
+            *options,
             self.marker.strip(),
             "-cp",
             os.pathsep.join(str(jar) for jar in classpath),

@@ -42,6 +42,7 @@ from kappaflow.settings import Settings, load_settings
 from kappaflow.spark.checkpoint import batch_end_offsets, last_committed
 from kappaflow.timeutil import from_epoch_ms, iso, parse_time, to_epoch_ms
 from kappaflow.waiting import wait_for
+from test_counting import DEFINITION
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -57,20 +58,6 @@ MIRROR_ENV = {
 }
 TOPICS = "mx-.*"
 WINDOW_MS = 10_000
-COUNT_DEFINITION = (
-    "--key",
-    "page",
-    "--time",
-    "ts",
-    "--id",
-    "id",
-    "--window",
-    "10s",
-    "--watermark",
-    "5s",
-    "--allowed-lateness",
-    "20s",
-)
 #: How far before the point the mirror reached a failed-over counting job goes back
 #: (docs/deployment.md): more than a batch's planning may trail its records' timestamps.
 MARGIN_MS = 10_000
@@ -110,7 +97,7 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
                 found.cli, "mirror", "start", "--to", backup.kafka.bootstrap, "--topics", TOPICS
             )
             job = pool.submit(
-                found.cli, "count", "start", found.job, "--source", found.clicks, *COUNT_DEFINITION
+                found.cli, "count", "start", found.job, "--source", found.clicks, *DEFINITION
             )
             for started in (mirror.result(), job.result()):
                 assert started.code == 0, started.err
@@ -643,7 +630,7 @@ def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Fail
     on_backup = "--bootstrap-servers", backup.kafka.bootstrap
     # The primary is gone, the driver still runs: its checkpoint cannot move yet.
     running = clusters.cli(
-        *on_backup, "count", "start", job, "--source", stream.clicks, *COUNT_DEFINITION,
+        *on_backup, "count", "start", job, "--source", stream.clicks, *DEFINITION,
         "--from-time", "now",
     )  # fmt: skip
     assert "is running: stop it first" in error_line(running, "KF423", 1)
@@ -668,7 +655,7 @@ def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Fail
         assert (r["offset"] >= starts[r["partition"]]) == (r["timestamp"] >= since), r
 
     restarted = clusters.cli(
-        *on_backup, "count", "start", job, "--source", stream.clicks, *COUNT_DEFINITION,
+        *on_backup, "count", "start", job, "--source", stream.clicks, *DEFINITION,
         "--from-time", iso(from_epoch_ms(since)),
     )  # fmt: skip
     assert restarted.code == 0, restarted.err

@@ -26,12 +26,11 @@ from kappaflow.errors import (
     MirrorClusterUnreachableError,
     MirrorStartError,
     MirrorTargetError,
-    StateDirError,
 )
 from kappaflow.install.artifacts import kafka_mirror_jars
 from kappaflow.install.java import find_java
 from kappaflow.kafka.clients import cluster_metadata
-from kappaflow.kafka.node import rolling_log4j2
+from kappaflow.kafka.node import rolling_log4j2, writable_dirs
 from kappaflow.procs import ManagedProcess, ProcState, tail
 from kappaflow.settings import KafkaSettings, Settings
 from kappaflow.waiting import wait_for
@@ -145,7 +144,7 @@ class Mirror:
         java = find_java()
         _answers("primary", self.primary)
         _answers("backup", backup)
-        self._prepare_dirs()
+        writable_dirs(self.home, self.log_dir)
         try:
             self._write_config(plan, backup)
             argv = [
@@ -188,18 +187,6 @@ class Mirror:
         # only while the mirror runs.
         for path in (self.config_file, self.plan_file, self.home / "log4j2.properties"):
             path.unlink(missing_ok=True)
-
-    def _prepare_dirs(self) -> None:
-        try:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.home / ".writable"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise StateDirError(
-                f"state directory {self.home} is not writable ({exc.strerror}): "
-                "choose another with --state-dir or KAPPAFLOW_STATE_DIR"
-            ) from None
 
     def _write_config(self, plan: MirrorPlan, backup: KafkaSettings) -> None:
         fd = os.open(self.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -18,6 +18,22 @@ from kappaflow.errors import ServiceExitedError, StateDirError
 from kappaflow.procs import ManagedProcess, ProcState, tail
 
 
+def writable_dirs(home: Path, *more: Path) -> None:
+    """Create ``home`` and ``more``; a StateDirError with the fix if ``home`` cannot be
+    written."""
+    try:
+        for path in (home, *more):
+            path.mkdir(parents=True, exist_ok=True)
+        probe = home / ".writable"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise StateDirError(
+            f"state directory {home} is not writable ({exc.strerror}): "
+            "choose another with --state-dir or KAPPAFLOW_STATE_DIR"
+        ) from None
+
+
 def rolling_log4j2(log: str, quiet: dict[str, str]) -> str:
     """A log4j2 configuration that writes ``${kafka.logs.dir}/LOG.log``, rolled at 20 MB
     (three kept), INFO by default and each logger of ``quiet`` at its level."""
@@ -109,17 +125,7 @@ class KafkaNode:
         return None
 
     def prepare_dirs(self) -> None:
-        try:
-            for path in (self.home, self.data_dir, self.log_dir):
-                path.mkdir(parents=True, exist_ok=True)
-            probe = self.home / ".writable"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise StateDirError(
-                f"state directory {self.home} is not writable ({exc.strerror}): "
-                "choose another with --state-dir or KAPPAFLOW_STATE_DIR"
-            ) from None
+        writable_dirs(self.home, self.data_dir, self.log_dir)
 
     def write_config(self, props: dict[str, str]) -> None:
         # The file holds the broker's own password when secure: readable by its owner only.

@@ -35,7 +35,7 @@ from kappaflow.kafka.mirror import Mirror, MirrorPlan, mm2_properties
 from kappaflow.kafka.mirror_status import decode_checkpoint
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import create_topic
-from kappaflow.procs import free_port
+from kappaflow.procs import ProcState, free_port
 from kappaflow.serving.client import redis_client
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings, load_settings
@@ -101,13 +101,20 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
             )
             for started in (mirror.result(), job.result()):
                 assert started.code == 0, started.err
+        # `kappaflow status` lists the mirror while it runs, with where it copies to.
+        rows = {r["service"]: r for r in map(json.loads, found.cli("status", "--json").lines())}
+        assert rows["mirror"]["state"] == "running", rows
+        assert rows["mirror"]["address"] == f"to {backup.kafka.bootstrap}", rows
         yield found
     finally:
         found.cli("jobs", "stop", found.job, "--timeout", "10")
-        Mirror(primary).stop(timeout=20)
-        redis.stop()
+        # `kappaflow down` stops the mirror with the primary's services.
+        downed = found.cli("down")
         for broker in brokers.values():
             broker.stop(timeout=20)
+        redis.stop()
+    assert "mirror stopped" in downed.out, downed.out + downed.err
+    assert Mirror(primary).process.status().state is ProcState.STOPPED
 
 
 def topic(settings: Settings, partitions: int = 2) -> str:

@@ -49,11 +49,19 @@ def standalone(
     try:
         status = json.loads(run_kappaflow(own, "spark", "status", "--json", env=env).out)
         assert status["alive_workers"] == 2 and status["cores"] == 2, status
+        # `kappaflow status` lists the cluster's daemons while they run.
+        services = run_kappaflow(own, "status", "--json", env=env).lines()
+        listed = {(row["service"], row["state"]) for row in map(json.loads, services)}
+        assert {("spark-master", "running"), ("spark-worker-1", "running")} <= listed, listed
         CLUSTERS[status["master"]] = StandaloneCluster(own)
         yield status["master"], f"{status['ui']}/json/"
     finally:
-        stopped = run_kappaflow(own, "spark", "stop", env=env)
+        # `kappaflow down` stops the cluster with everything else of the state directory.
+        stopped = run_kappaflow(own, "down", env=env)
         assert stopped.code == 0, stopped.err
+    assert "spark master stopped" in stopped.out, stopped.out
+    after = json.loads(run_kappaflow(own, "spark", "status", "--json", env=env).out)
+    assert {d["state"] for d in after["daemons"]} == {"stopped"}, after
 
 
 #: The cluster of each master URL the fixture started (to find a worker to kill).

@@ -13,10 +13,12 @@ from typing import Final, Literal
 
 from kappaflow.api.server import EmbeddedApi
 from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.kafka.mirror import Mirror
 from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
+from kappaflow.spark.standalone import StandaloneCluster
 
 #: A service kappaflow does not run: configured to be reached at an address.
 EXTERNAL: Final = "external"
@@ -61,11 +63,19 @@ def up(settings: Settings) -> list[str]:
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop the kappaflow service and every embedded service: the MQTT broker first (it
-    feeds Kafka through the bridge), then Redis (jobs write to it), then the Kafka broker."""
+    """Stop the kappaflow service and every embedded service: a Spark standalone cluster
+    and MirrorMaker where they run (`kappaflow spark start`, `kappaflow mirror start`),
+    the MQTT broker (it feeds Kafka through the bridge), then Redis (jobs write to it),
+    then the Kafka broker."""
     done: list[str] = []
     stopped = EmbeddedApi(settings).stop()
     done.append(f"api {'stopped' if stopped else 'was not running'}")
+    cluster = StandaloneCluster(settings)
+    if any(d.state is ProcState.RUNNING for d in cluster.status().daemons):
+        done += [line for line in cluster.stop() if line.endswith(" stopped")]
+    mirror = Mirror(settings)
+    if mirror.process.status().state is ProcState.RUNNING and mirror.stop():
+        done.append("mirror stopped")
     if settings.mqtt.embedded:
         stopped = EmbeddedMqtt(settings).stop()
         done.append(f"mqtt {'stopped' if stopped else 'was not running'}")
@@ -127,4 +137,16 @@ def status(settings: Settings) -> list[ServiceRow]:
         rows.append(ServiceRow("mqtt", EXTERNAL, settings.mqtt.effective_url, None))
     api = EmbeddedApi(settings).status()
     rows.append(ServiceRow("api", api.state, api.url, api.pid))
+    # What runs only once started by its own command: listed while it runs.
+    cluster = StandaloneCluster(settings)
+    for daemon in cluster.status().daemons:
+        if daemon.state is ProcState.RUNNING:
+            address = cluster.master_url if daemon.name == "master" else ""
+            rows.append(ServiceRow(f"spark-{daemon.name}", daemon.state, address, daemon.pid))
+    mirror = Mirror(settings)
+    copying = mirror.process.status()
+    if copying.state is ProcState.RUNNING:
+        plan = mirror.plan()
+        address = f"to {plan.backup}" if plan is not None else ""
+        rows.append(ServiceRow("mirror", copying.state, address, copying.pid))
     return rows

@@ -130,6 +130,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     if config.getoption("dist") != "loadfile":
         return None
+    # Files in collection order (the slowest first, above), not xdist's default of the
+    # files with the most tests first, which left the slowest files, of one or two tests
+    # each, to the end of the run.
+    config.option.loadscopereorder = False
 
     class Scheduling(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:

@@ -21,7 +21,9 @@ def _declared() -> dict[str, click.Command]:
     for module in pkgutil.iter_modules(kappaflow.cli.__path__, "kappaflow.cli."):
         loaded = importlib.import_module(module.name)
         commands += [v for v in vars(loaded).values() if isinstance(v, click.Command)]
-    held = {id(sub) for c in commands if isinstance(c, click.Group) for sub in c.commands.values()}
+    # The root holds the commands it loaded so far: only the modules' own groups count.
+    groups = [c for c in commands if isinstance(c, click.Group) and c is not cli]
+    held = {id(sub) for group in groups for sub in group.commands.values()}
     return {str(c.name): c for c in commands if id(c) not in held and c is not cli}
 
 

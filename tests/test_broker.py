@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,17 @@ def test_port_in_use_is_refused(own: Settings) -> None:
         with pytest.raises(ServiceError, match="already in use"):
             EmbeddedBroker(own).start()
     assert EmbeddedBroker(own).status().state is ProcState.STOPPED
+    # A port held for a moment (as a connection the system gave it to holds it) is
+    # waited for: the start goes on once it is free.
+    holder = socket.socket()
+    holder.bind((own.kafka.host, own.kafka.controller_port))
+    releaser = threading.Timer(1.0, holder.close)
+    releaser.start()
+    try:
+        assert EmbeddedBroker(own).start() is True
+    finally:
+        releaser.cancel()
+        holder.close()
 
 
 def test_cli_lifecycle(own: Settings) -> None:

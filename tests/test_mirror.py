@@ -113,7 +113,7 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
         for broker in brokers.values():
             broker.stop(timeout=20)
         redis.stop()
-    assert "mirror stopped" in downed.out, downed.out + downed.err
+    assert "mirror stopped" in downed.err, downed.out + downed.err
     assert Mirror(primary).process.status().state is ProcState.STOPPED
 
 

@@ -59,7 +59,7 @@ def standalone(
         # `kappaflow down` stops the cluster with everything else of the state directory.
         stopped = run_kappaflow(own, "down", env=env)
         assert stopped.code == 0, stopped.err
-    assert "spark master stopped" in stopped.out, stopped.out
+    assert "spark master stopped" in stopped.err, stopped.err
     after = json.loads(run_kappaflow(own, "spark", "status", "--json", env=env).out)
     assert {d["state"] for d in after["daemons"]} == {"stopped"}, after
 

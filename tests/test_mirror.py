@@ -676,9 +676,8 @@ def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Fail
         producer.produce(stream.clicks, key=str(value["page"]), value=json.dumps(value))
     assert producer.flush(30) == 0
 
-    held = {
-        json.loads(m["value"])["id"]: json.loads(m["value"]) for m in records(backup, stream.clicks)
-    }
+    held_records = records(backup, stream.clicks)
+    held = {json.loads(m["value"])["id"]: json.loads(m["value"]) for m in held_records}
     # What the job counted on the primary that the mirror never copied stays counted:
     # the counts then hold events the backup does not.
     counted_there = {
@@ -703,6 +702,14 @@ def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Fail
         clusters.cli("jobs", "stop", job, "--timeout", "10")
     stats = store.stats()
     reread = (stats.duplicates - before.duplicates, stats.late - before.late)
+    # What the job had counted on the primary and reads again from the backup: each is
+    # dropped by its id, or reported late where its window is gone. (A job that lagged
+    # further behind than the margin when the primary stopped reads nothing again.)
+    owed = {
+        value["id"]
+        for value, stamp in ((json.loads(r["value"]), r["timestamp"]) for r in held_records)
+        if stamp >= since and value["id"] in counted_there
+    }
     report(
         "counting job failover",
         events_on_backup=len(held),
@@ -711,11 +718,12 @@ def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Fail
         counted_on_primary_not_on_backup=len(counted_not_held),
         reread_dropped_as_duplicates=reread[0],
         reread_reported_late=reread[1],
+        counted_on_primary_and_read_again=len(owed),
         went_back_ms=min(reached, failover.job_last_batch_ms) - since,
     )
     # Everything the backup holds is counted, once (the counts equal the oracle); what
     # was read again was dropped by its id, or reported late where its window was gone.
-    assert sum(reread) > 0, "the job did not go back: nothing was read again"
+    assert sum(reread) >= len(owed), (reread, len(owed))
 
 
 def expected(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:

@@ -102,7 +102,15 @@ def test_a_session_is_merged_final_corrected_forgotten_and_then_too_late(
     merged = wait_session("/a", 0, "the sessions to merge", count=4)
     assert (merged.window_end - BASE, merged.final) == (9000, False)
     assert set(sessions(serving, job, "/a")) == {0}
-    history = histories(serving, job)
+
+    # The store is written before the batch's transaction commits: the changelog holds
+    # the merge's changes once that commit is in.
+    def merge_published() -> dict[tuple[str, str], list[tuple[str, int, int]]] | None:
+        found = histories(serving, job)
+        shown = [len(found.get(("/a", at(start)), [])) for start in (6000, 0)]
+        return found if shown[0] >= 2 and shown[1] >= 3 else None
+
+    history = wait_for(merge_published, timeout=60, interval=0.5, what="the merge's changes")
     assert history[("/a", at(6000))] == [("provisional", 1, 0), ("correction", 0, 1)]
     assert history[("/a", at(0))] == [("provisional", 2, 0), ("final", 2, 2), ("correction", 4, 2)]
 

@@ -225,7 +225,7 @@ class Running:
         self.queries = start()
 
     def check(self) -> None:
-        failed = [q.exception() for q in self.queries if not q.isActive and q.exception()]
+        failed = [e for q in self.queries if not q.isActive and (e := q.exception())]
         if not failed:
             return
         if self.restarts >= MAX_RESTARTS or not restartable(self.queries):

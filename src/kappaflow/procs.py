@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from kappaflow.errors import ProcessStopError
+from kappaflow.errors import ProcessStopError, WaitTimeoutError
 from kappaflow.waiting import wait_for
 
 
@@ -183,6 +183,26 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
         return False
+
+
+#: How long a service's start waits for its port to come free before refusing it.
+PORT_GRACE_S = 5.0
+
+
+def port_held(host: str, port: int, grace: float = PORT_GRACE_S) -> bool:
+    """True if ``host:port`` is still in use after ``grace`` seconds. A port in the range
+    the system hands out can be held for a moment by a connection it was given to once the
+    service that listened on it was killed; a restart waits that moment out."""
+    try:
+        wait_for(
+            lambda: None if port_in_use(host, port) else True,
+            timeout=grace,
+            interval=0.2,
+            what=f"port {host}:{port} to be free",
+        )
+    except WaitTimeoutError:
+        return True
+    return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

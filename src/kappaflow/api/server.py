@@ -27,7 +27,7 @@ from kappaflow.errors import (
     ServiceExitedError,
     ServiceStartTimeoutError,
 )
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
+from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 
@@ -108,7 +108,7 @@ class EmbeddedApi:
         self.process.clear_stale()
         host, port = self.settings.api.host, self.settings.api.port
         check_bind(self.settings)
-        if port_in_use(host, port):
+        if port_held(host, port):
             raise PortInUseError(
                 f"port {host}:{port} is already in use: stop what holds it or choose another "
                 "port (KAPPAFLOW_API__PORT)"

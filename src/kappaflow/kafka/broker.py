@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import hashlib
 import os
 import secrets
@@ -31,12 +30,11 @@ from kappaflow.errors import (
     SecurityModeError,
     ServiceExitedError,
     ServiceStartTimeoutError,
-    WaitTimeoutError,
 )
 from kappaflow.install.artifacts import kafka_broker_jars
 from kappaflow.install.java import find_java
 from kappaflow.kafka.node import BrokerStatus, KafkaNode
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use
+from kappaflow.procs import ManagedProcess, ProcState, port_held
 from kappaflow.security import (
     ADMIN_USER,
     BROKER_CN,
@@ -53,8 +51,6 @@ START_TIMEOUT_S = 90.0
 #: killed node's restart took 80 s).
 NODE_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
-#: How long a start waits for a node's port held a moment to come free.
-PORT_GRACE_S = 5.0
 #: How long the nodes of a cluster still stopping once most have stopped get before they
 #: are killed (:meth:`EmbeddedBroker._stop`): a node's controlled shutdown, once approved,
 #: closes its logs in a few seconds.
@@ -199,29 +195,16 @@ class EmbeddedBroker:
             )
 
     def _check_ports(self, nodes: list[KafkaNode]) -> None:
-        """Each node's ports are free, or come free within PORT_GRACE_S: a port can be
-        held for a moment by a connection the system gave it to (it is in the range of
-        ports the system hands out) once a node that held it was killed."""
+        """Each node's ports are free, or come free within the grace of ``port_held``."""
         host = self.settings.kafka.host
-
-        def free(port: int) -> bool | None:
-            return None if port_in_use(host, port) else True
-
         for node in nodes:
             for port in (node.port, node.controller_port):
-                try:
-                    wait_for(
-                        functools.partial(free, port),
-                        timeout=PORT_GRACE_S,
-                        interval=0.2,
-                        what=f"port {host}:{port} to be free",
-                    )
-                except WaitTimeoutError:
+                if port_held(host, port):
                     raise PortInUseError(
                         f"port {host}:{port} of Kafka node {node.index} is already in use: "
                         "stop what holds it or choose other ports (KAPPAFLOW_KAFKA__PORT, "
                         "KAPPAFLOW_KAFKA__CONTROLLER_PORT; node N uses both plus 10*(N-1))"
-                    ) from None
+                    )
 
     def _jvms(self) -> dict[int, list[str]]:
         """Each node's JVM command line up to the main class, by node."""

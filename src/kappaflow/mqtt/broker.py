@@ -31,7 +31,7 @@ from kappaflow.errors import (
     ServiceStartTimeoutError,
     StateDirError,
 )
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
+from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 
@@ -124,7 +124,7 @@ class EmbeddedMqtt:
         self.process.clear_stale()
         program = find_mqtt_broker(self.settings.mqtt.binary)
         host, port = self.settings.mqtt.host, self.settings.mqtt.port
-        if port_in_use(host, port):
+        if port_held(host, port):
             raise PortInUseError(
                 f"port {host}:{port} is already in use: stop what holds it or choose another "
                 "port (KAPPAFLOW_MQTT__PORT)"

@@ -22,7 +22,7 @@ from kappaflow.errors import (
     ServiceStartTimeoutError,
     StateDirError,
 )
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
+from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
 from kappaflow.security import REDIS_USER
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
@@ -87,7 +87,7 @@ class EmbeddedRedis:
         self.process.clear_stale()
         binary = find_redis_server(self.settings.redis.binary)
         host, port = self.settings.redis.host, self.settings.redis.port
-        if port_in_use(host, port):
+        if port_held(host, port):
             raise PortInUseError(
                 f"port {host}:{port} is already in use: stop what holds it or choose another "
                 "port (KAPPAFLOW_REDIS__PORT)"

@@ -25,7 +25,7 @@ from kappaflow.errors import (
     StateDirError,
 )
 from kappaflow.install.java import find_java
-from kappaflow.procs import ManagedProcess, ProcState, port_in_use, tail
+from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 
@@ -108,7 +108,7 @@ class StandaloneCluster:
         master.clear_stale()
         if master.status().state is not ProcState.RUNNING:
             for port in (self.port, self.ui_port):
-                if port_in_use(self.host, port):
+                if port_held(self.host, port):
                     raise PortInUseError(
                         f"port {self.host}:{port} is already in use: stop what holds it or "
                         "choose others (KAPPAFLOW_SPARK__CLUSTER_PORT, "

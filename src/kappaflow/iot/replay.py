@@ -35,11 +35,12 @@ from kappaflow.errors import JobError, WaitTimeoutError
 from kappaflow.iot import score, train
 from kappaflow.iot.evaluation import Series, parse_time, rounds
 from kappaflow.jobs.pipeline import JobContext
-from kappaflow.jobs.runner import MAX_RESTARTS, restartable
+from kappaflow.jobs.runner import MAX_RESTARTS, failures, restartable
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.topics import create_topic, delete_topic, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
+from kappaflow.streams.runtime import Build
 from kappaflow.waiting import wait_for
 
 #: How long one round may take through a job before the replay gives up.
@@ -115,36 +116,18 @@ def replay_through_kafka(
     for topic in (topics.score_in, topics.train_in):
         create_topic(settings.kafka, topic, exist_ok=True)
     params = {"model": model, "forget_after": "never"}
-    trainer = Running(
-        partial(
-            start_app,
-            train.build,
-            JobContext(
-                f"{run}-train",
-                {**params, "source": topics.train_in, "dest": topics.models},
-                spark,
-                settings,
-            ),
-        ),
-        f"{run}-train",
+
+    def running(build: Build, name: str, job_params: dict[str, str]) -> Running:
+        ctx = JobContext(name, {**params, **job_params}, spark, settings)
+        return Running(partial(start_app, build, ctx), name)
+
+    trainer = running(
+        train.build, f"{run}-train", {"source": topics.train_in, "dest": topics.models}
     )
-    scorer = Running(
-        partial(
-            start_app,
-            score.build,
-            JobContext(
-                f"{run}-score",
-                {
-                    **params,
-                    "source": topics.score_in,
-                    "models": topics.models,
-                    "dest": topics.scores,
-                },
-                spark,
-                settings,
-            ),
-        ),
+    scorer = running(
+        score.build,
         f"{run}-score",
+        {"source": topics.score_in, "models": topics.models, "dest": topics.scores},
     )
     sender = producer(settings.kafka)
     scores_tail, models_tail = _Tail(settings, topics.scores), _Tail(settings, topics.models)
@@ -225,11 +208,11 @@ class Running:
         self.queries = start()
 
     def check(self) -> None:
-        failed = [e for q in self.queries if not q.isActive and (e := q.exception())]
+        failed = failures(self.queries)
         if not failed:
             return
-        if self.restarts >= MAX_RESTARTS or not restartable(self.queries):
-            reason = str(failed[0]).strip().splitlines()[0]
+        if self.restarts >= MAX_RESTARTS or not restartable(failed):
+            reason = failed[0].strip().splitlines()[0]
             raise JobError(f"job {self.name} failed: {reason}")
         self.restarts += 1
         print(

@@ -134,7 +134,11 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
                 break
             queries = pipeline.start(ctx)
             continue
-        if state is not JobState.FAILED or restarts >= MAX_RESTARTS or not restartable(queries):
+        if (
+            state is not JobState.FAILED
+            or restarts >= MAX_RESTARTS
+            or not restartable(failures(queries))
+        ):
             break
         restarts += 1
         print(
@@ -170,9 +174,13 @@ def _between_batches(queries: list[Any], stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def restartable(queries: list[Any]) -> bool:
+def failures(queries: list[Any]) -> list[str]:
+    """The exceptions of the queries that stopped with one, as text."""
+    return [str(e) for q in queries if not q.isActive and (e := q.exception())]
+
+
+def restartable(failed: list[str]) -> bool:
     """Whether some query failed, and every failed one for a reason a restart cures."""
-    failed = [str(q.exception()) for q in queries if not q.isActive and q.exception()]
     return bool(failed) and all(any(t in text for t in TRANSIENT) for text in failed)
 
 

@@ -110,8 +110,9 @@ class MavenError(SetupError):
     code = "KF204"
 
 
-class LocalFsBuildError(SetupError):
-    """The local filesystem jar cannot be built (javac failed, PySpark's Hadoop jar missing)."""
+class JarBuildError(SetupError):
+    """A jar kappaflow compiles at setup cannot be built (javac failed, a PySpark jar it
+    compiles against is missing)."""
 
     code = "KF205"
 

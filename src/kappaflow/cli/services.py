@@ -26,6 +26,7 @@ def setup(ctx: Context) -> None:
     from kappaflow.install import find_java, resolve_all
     from kappaflow.install.localfs import build_local_fs
     from kappaflow.install.mqtt import ensure_mqtt_broker
+    from kappaflow.install.scorer import build_scorer
     from kappaflow.spark.cds import build_archive
 
     settings = ctx.settings
@@ -33,9 +34,10 @@ def setup(ctx: Context) -> None:
     say(f"java {java.version} at {java.executable}")
     for line in resolve_all(settings):
         say(f"resolved {line}")
-    built = build_local_fs(settings)
-    if built is not None:
-        say(built)
+    for build in (build_local_fs, build_scorer):
+        built = build(settings)
+        if built is not None:
+            say(built)
     archived = build_archive(settings)
     if archived is not None:
         say(archived)

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
+from kappaflow.install.scorer import scorer_jar
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.cds import archive_options
 from kappaflow.spark.environment import LOOPBACK, is_local_master, spark_environment
@@ -65,6 +66,9 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every Spark option kappaflow sets, derived from ``settings``."""
     spark = settings.spark
     jars = spark_connector_jars(settings)
+    scorer = scorer_jar(settings)
+    if scorer is not None:
+        jars = [*jars, scorer]
     ours = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
     # Classes mapped from setup's archive (cds.py) where there is one.
     archive = archive_options(settings)

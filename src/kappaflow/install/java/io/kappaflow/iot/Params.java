@@ -1,0 +1,76 @@
+package io.kappaflow.iot;
+
+import com.fasterxml.jackson.databind.JsonNode;
+
+/**
+ * A model's published parameters (a {@code models} record's {@code params}), read for
+ * scoring: what every family has, and the {@code forecast} and {@code robust} families' own.
+ */
+public final class Params {
+  public final String model;
+  public final long n;
+  public final double surpriseMean;
+  public final double surpriseSpread;
+  public final double repeats;
+  final double level;
+  final double spread;
+  final double centre;
+  final double scale;
+  final double errorSpread;
+  final double[] coef;
+
+  private Params(JsonNode p, String model) {
+    this.model = model;
+    this.n = number(p, "n").longValue();
+    JsonNode surprise = p.path("surprise");
+    if (!surprise.isArray() || surprise.size() != 2) {
+      throw new IllegalArgumentException("params: $.surprise does not hold 2 values");
+    }
+    this.surpriseMean = surprise.get(0).asDouble();
+    this.surpriseSpread = surprise.get(1).asDouble();
+    this.repeats = number(p, "repeats").doubleValue();
+    boolean robust = "robust".equals(model);
+    this.level = robust ? number(p, "level").doubleValue() : 0.0;
+    this.spread = robust ? number(p, "spread").doubleValue() : 0.0;
+    this.centre = robust ? 0.0 : number(p, "centre").doubleValue();
+    this.scale = robust ? 0.0 : number(p, "scale").doubleValue();
+    this.errorSpread = robust ? 0.0 : number(p, "error_spread").doubleValue();
+    this.coef = new double[SeriesScorer.LAGS];
+    if (!robust) {
+      JsonNode given = p.path("coef");
+      if (!given.isArray() || given.size() != SeriesScorer.LAGS) {
+        throw new IllegalArgumentException(
+            "params: $.coef does not hold " + SeriesScorer.LAGS + " values");
+      }
+      for (int i = 0; i < SeriesScorer.LAGS; i++) {
+        coef[i] = given.get(i).asDouble();
+      }
+    }
+  }
+
+  /** The parameters in {@code json}, or an IllegalArgumentException saying what is wrong. */
+  public static Params parse(String json) {
+    JsonNode p;
+    try {
+      p = SeriesScorer.JSON.readTree(json);
+    } catch (Exception e) {
+      throw new IllegalArgumentException("params are not JSON text");
+    }
+    if (p == null || !p.isObject()) {
+      throw new IllegalArgumentException("params are not JSON text");
+    }
+    String model = p.path("model").asText("");
+    if (SeriesScorer.family(model) == null) {
+      throw new IllegalArgumentException("params name no model family known here");
+    }
+    return new Params(p, model);
+  }
+
+  private static Number number(JsonNode p, String field) {
+    JsonNode value = p.path(field);
+    if (!value.isNumber()) {
+      throw new IllegalArgumentException("params: $." + field + " is not a number");
+    }
+    return value.numberValue();
+  }
+}

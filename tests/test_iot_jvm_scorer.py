@@ -1,0 +1,87 @@
+"""The IoT scorer on the JVM (io.kappaflow.iot.SeriesScorer, built at setup) scores as the
+Python scorer does, with the same memory, on a series with each kind of anomaly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from py4j.java_gateway import get_field
+from pyspark.sql import SparkSession
+
+from kappaflow.install.scorer import scorer_jar
+from kappaflow.iot.evaluation import rounds
+from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
+from kappaflow.settings import Settings
+from test_iot_models import _daily
+
+
+def _series() -> list[float]:
+    values = _daily(3000, seed=21)
+    rng = np.random.default_rng(4)
+    for row in range(1000, 1003):
+        values[row] += 12.0  # a spike
+    for row in range(1500, 3000):
+        values[row] += 6.0  # a level shift
+    for row in range(2000, 2040):
+        values[row] = values[1999]  # a stuck sensor
+    for row in range(2500, 2700):
+        values[row] += float(rng.normal(0.0, 4.0))  # changed variance
+    return values
+
+
+@pytest.mark.parametrize("name", ["forecast", "robust"])
+def test_the_jvm_scorer_scores_and_remembers_as_the_python_scorer(
+    spark: SparkSession, kafka: Settings, name: str
+) -> None:
+    if scorer_jar(kafka) is None:
+        pytest.fail("setup built no kappaflow-iot.jar (javac missing?): run `make setup`")
+    jvm: Any = spark.sparkContext._jvm
+    scorers = jvm.io.kappaflow.iot
+    model = MODELS[name]
+    values = _series()
+    trainer, python = model.trainer(), Scorer(model)
+    memory = ""
+    params: dict[str, Any] | None = None
+    ours: list[float] = []
+    theirs: list[float] = []
+    for rows in rounds(len(values), 16):
+        # A new JVM scorer for every batch, from the memory the last one left, as a
+        # stateful processor keeps it between batches.
+        jvm_scorer = scorers.SeriesScorer.restore(name, memory)
+        given = scorers.Params.parse(json.dumps(params)) if params is not None else None
+        for value in values[rows.start : rows.stop]:
+            ours.append(python.score(value, params))
+            theirs.append(jvm_scorer.score(value, given))
+        memory = jvm_scorer.state()
+        remembered = json.loads(memory)
+        assert remembered.keys() == python.state().keys()
+        assert remembered["history"] == pytest.approx(python.state()["history"], rel=1e-12)
+        assert (remembered["run"], remembered["clipped"]) == (
+            python.state()["run"],
+            python.state()["clipped"],
+        )
+        params = trainer.learn(values[rows.start : rows.stop])
+    assert theirs == pytest.approx(ours, abs=1e-9)
+    # The series is not trivially scored: both raise and stay quiet where they should.
+    assert max(ours[1000:1003]) >= ALERT_SCORE > float(np.median(ours[200:900]))
+
+
+def test_parameters_the_jvm_scorer_cannot_score_with_are_refused_with_the_reason(
+    spark: SparkSession,
+) -> None:
+    jvm: Any = spark.sparkContext._jvm
+    params = MODELS["forecast"].trainer().learn(_daily(100))
+    parse = jvm.io.kappaflow.iot.Params.parse
+    assert get_field(parse(json.dumps(params)), "n") == 100
+    broken = {
+        "{not json": "params are not JSON text",
+        json.dumps({**params, "model": "hst"}): "params name no model family known here",
+        json.dumps({**params, "coef": [0.1]}): "params: $.coef does not hold 8 values",
+        json.dumps({k: v for k, v in params.items() if k != "repeats"}): "$.repeats is not",
+    }
+    for text, reason in broken.items():
+        with pytest.raises(Exception, match=reason.replace("$", r"\$")):
+            parse(text)

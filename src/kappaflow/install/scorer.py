@@ -20,6 +20,12 @@ SCORER = JavaBuild(
         "jackson-databind-*.jar",
         "jackson-annotations-*.jar",
         "commons-math3-*.jar",
+        "scala-library-*.jar",
+        "spark-core_*.jar",
+        "spark-common-utils-java_*.jar",
+        "spark-catalyst_*.jar",
+        "spark-sql-api_*.jar",
+        "spark-sql_*.jar",
     ),
     without="the IoT application's scorer on the JVM is not available",
 )

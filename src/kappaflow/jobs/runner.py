@@ -253,7 +253,8 @@ def _watch(
         other = failure()
         if other is not None:
             return JobState.FAILED, other
-        if all(not q.isActive for q in queries):
+        # A job whose queries all run in parts has none here: it runs until stopped.
+        if queries and all(not q.isActive for q in queries):
             return JobState.FINISHED, None
         if asked():
             return JobState.RUNNING, None

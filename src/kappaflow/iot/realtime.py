@@ -1,0 +1,193 @@
+"""The IoT scorer in Spark's real-time mode: each clean reading scored as it arrives.
+
+Start it as a job of its own, beside (or instead of) the micro-batch scorer::
+
+    kappaflow jobs start iot-score-rt --app kappaflow.iot.realtime:PIPELINE \\
+        [-P source=telemetry.clean] [-P models=models] [-P dest=scores] [-P model=forecast]
+
+Real-time mode runs long batches whose tasks hand each record on as it comes, but it
+takes no Python operator (docs/iot.md), so the per-key scoring runs on the JVM:
+``io.kappaflow.iot.RealtimeScoring`` (built at setup, ``install/scorer.py``), which scores
+as ``kappaflow.iot.score`` does, with the same models and the same memory. One query reads
+``source`` and ``models`` together; per ``[device, metric]`` it keeps the newest
+parameters and the scorer's memory, and writes each reading's score to ``dest`` (the
+record ``kappaflow.iot.score`` writes) and a ``models`` record it cannot score with, or a
+record that does not parse, to ``JOB.dlq``.
+
+Its output is at least once: real-time mode writes to Kafka without transactions, and a
+restarted job scores again the readings of the batch it was in (up to
+``CHECKPOINT_INTERVAL``), with the same scores. The query holds a task slot for every
+partition it reads and every state partition, for as long as it runs, so it runs in a
+driver of its own (a part) with exactly those slots on a local master.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+from kappaflow.counting.realtime import CHECKPOINT_INTERVAL
+from kappaflow.errors import InvalidParameterError, SetupError
+from kappaflow.install.scorer import scorer_jar
+from kappaflow.iot.clean import CLEAN_TOPIC
+from kappaflow.iot.models import DEFAULT_MODEL
+from kappaflow.iot.score import SCORES_TOPIC
+from kappaflow.iot.train import FORGET_AFTER, MODELS_TOPIC
+from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
+from kappaflow.kafka.topics import create_topic, topic_partitions
+from kappaflow.settings import Settings
+from kappaflow.spark.kafka_io import read_stream, write_stream
+from kappaflow.spark.session import real_time_spark
+from kappaflow.timeutil import parse_duration
+
+#: The part whose driver runs the query.
+PART = "score"
+#: The families the JVM scorer knows.
+FAMILIES = ("forecast", "robust")
+
+_READING = StructType(
+    [
+        StructField("device", StringType()),
+        StructField("metric", StringType()),
+        StructField("value", DoubleType()),
+        StructField("time", StringType()),
+        StructField("id", StringType()),
+    ]
+)
+_MODEL = StructType(
+    [
+        StructField("device", StringType()),
+        StructField("metric", StringType()),
+        StructField("model", StringType()),
+        StructField("version", LongType()),
+        StructField("params", StringType()),
+    ]
+)
+
+
+def _topics(params: Mapping[str, str]) -> tuple[str, str, str]:
+    return (
+        params.get("source", CLEAN_TOPIC),
+        params.get("models", MODELS_TOPIC),
+        params.get("dest", SCORES_TOPIC),
+    )
+
+
+def _slots(settings: Settings, params: Mapping[str, str]) -> tuple[int, int]:
+    """Task slots the query holds (source tasks and state tasks), and its state partitions."""
+    source, models, _ = _topics(params)
+    readings = len(topic_partitions(settings.kafka, source))
+    read = readings + len(topic_partitions(settings.kafka, models))
+    return read + readings, readings
+
+
+def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
+    slots, _ = _slots(settings, params)
+    return [Part(PART, real_time_spark(settings, slots))]
+
+
+def rows(raw: DataFrame, models: str) -> DataFrame:
+    """Kafka records of the readings' topic and of ``models`` as the JVM scorer's input:
+    one row each, with its ``kind`` (``reading``, ``model``, ``bad`` with the ``reason``,
+    or ``tombstone``) and the ``key`` ``[device, metric]`` as JSON."""
+    text = F.col("value").cast("string")
+    is_model = F.col("topic") == F.lit(models)
+    reading = F.from_json(text, _READING)
+    model = F.from_json(text, _MODEL)
+
+    def field(name: str, kind: str) -> Column:
+        return F.when(is_model, model[name]).otherwise(reading[name]).cast(kind)
+
+    device, metric = field("device", "string"), field("metric", "string")
+    unparsed = device.isNull() | metric.isNull()
+    bad_reading = unparsed | reading["value"].isNull() | reading["id"].isNull()
+    bad_model = unparsed | model["version"].isNull() | model["model"].isNull()
+    kind = (
+        F.when(F.col("value").isNull(), F.lit("tombstone"))
+        .when(is_model & bad_model, F.lit("bad"))
+        .when(~is_model & bad_reading, F.lit("bad"))
+        .when(is_model, F.lit("model"))
+        .otherwise(F.lit("reading"))
+    )
+    reason = F.when(is_model, F.lit("not a ModelUpdate record")).otherwise(
+        F.lit("not a CleanReading record")
+    )
+    return raw.select(
+        F.when(kind == "bad", F.lit("")).otherwise(F.to_json(F.array(device, metric))).alias("key"),
+        kind.alias("kind"),
+        reason.alias("reason"),
+        device.alias("device"),
+        metric.alias("metric"),
+        reading["value"].alias("value"),
+        reading["time"].alias("time"),
+        reading["id"].alias("id"),
+        model["model"].alias("model"),
+        model["version"].alias("version"),
+        model["params"].alias("params"),
+        F.col("topic").alias("src_topic"),
+        F.col("partition").alias("src_partition"),
+        F.col("offset").alias("src_offset"),
+        F.base64(F.col("value")).alias("value_base64"),
+    )
+
+
+def start(ctx: JobContext) -> list[StreamingQuery]:
+    """In the part's driver, the scoring query; the job's main driver runs none."""
+    if ctx.part != PART:
+        return []
+    settings, spark = ctx.settings, ctx.spark
+    model = ctx.param("model", DEFAULT_MODEL)
+    if model not in FAMILIES:
+        raise InvalidParameterError(
+            f"job {ctx.name!r}: model {model!r}: the real-time scorer scores "
+            f"{' and '.join(FAMILIES)}"
+        )
+    forget = ctx.param("forget_after", FORGET_AFTER)
+    ttl_ms = 0 if forget == "never" else int(parse_duration(forget) / timedelta(milliseconds=1))
+    if scorer_jar(settings) is None:
+        raise SetupError(
+            "the real-time scorer needs kappaflow-iot.jar, which setup builds with a JDK's "
+            "javac: install a JDK and run `make setup`"
+        )
+    source, models, dest = _topics(ctx.params)
+    dead_letters = f"{ctx.name}.dlq"
+    for topic in (dest, dead_letters):
+        create_topic(settings.kafka, topic, exist_ok=True)
+    _, state_partitions = _slots(settings, ctx.params)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    # A query copies the session's settings when it starts; put the default back after.
+    spark.conf.set("spark.sql.shuffle.partitions", str(state_partitions))
+    try:
+        scored = jvm.io.kappaflow.iot.RealtimeScoring.apply(
+            rows(read_stream(spark, settings, f"{source},{models}"), models)._jdf,
+            dest,
+            dead_letters,
+            ctx.name,
+            model,
+            ttl_ms,
+        )
+        out = DataFrame(scored.toDF(), spark).select(
+            F.col("_1").alias("topic"), F.col("_2").alias("key"), F.col("_3").alias("value")
+        )
+        query: StreamingQuery = (
+            write_stream(out, settings)
+            .queryName(f"{ctx.name}.scores")
+            .outputMode("update")
+            .option("checkpointLocation", str(ctx.checkpoint_dir / "scores"))
+            .trigger(realTime=CHECKPOINT_INTERVAL)  # type: ignore[call-overload]
+            .start()
+        )
+        return [query]
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous or "4")
+
+
+#: The real-time scoring job.
+PIPELINE = Pipeline(start=start, parts=parts)

@@ -77,6 +77,7 @@ SLOW_FILES = {
     "test_spark.py": 100,
     "test_demo.py": 95,
     "test_iot_learning.py": 80,
+    "test_iot_realtime.py": 70,
     "test_services.py": 75,
     "test_stream_joins.py": 70,
     "test_app_examples.py": 70,

@@ -1,0 +1,160 @@
+"""The real-time scoring job (kappaflow.iot.realtime) on the broker: every reading scored
+once, as the Python scorer scores it with the parameters the job had, through a model
+update, bad records and a restart."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from conftest import RunCli
+from live_jobs import send_json, topic_values
+
+from kappaflow.iot.models import MODELS, Scorer
+from kappaflow.kafka.topics import create_topic
+from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
+from test_iot_learning import noise, readings
+
+FORECAST, ROBUST = ("d1", "cpu_temp"), ("d1", "room_temp")
+
+
+def _model(key: tuple[str, str], family: str, version: int, values: list[float]) -> dict[str, Any]:
+    params = MODELS[family].trainer().learn(values)
+    return {
+        "device": key[0],
+        "metric": key[1],
+        "model": family,
+        "version": version,
+        "learnt": len(values),
+        "trained_until": "2026-11-20T00:00:00+00:00",
+        "params": json.dumps(params),
+    }
+
+
+def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_after_a_restart(
+    cli: RunCli, kafka: Settings
+) -> None:
+    job = f"rt-{uuid.uuid4().hex[:8]}"
+    clean, models, scores = f"{job}-clean", f"{job}-models", f"{job}-scores"
+    create_topic(kafka.kafka, clean, partitions=2)
+    create_topic(kafka.kafka, models, partitions=1)
+    start = ("jobs", "start", job, "--app", "kappaflow.iot.realtime:PIPELINE")
+    topics = ("-P", f"source={clean}", "-P", f"models={models}", "-P", f"dest={scores}")
+    started = cli(*start, *topics)
+    assert started.code == 0, started.err
+    history = {FORECAST: noise(400, 3), ROBUST: noise(400, 4)}
+    given = {
+        FORECAST: _model(FORECAST, "forecast", 1, history[FORECAST][:300]),
+        ROBUST: _model(ROBUST, "robust", 1, history[ROBUST][:300]),
+    }
+    broken = {**_model(("d2", "cpu_temp"), "forecast", 1, noise(60, 5)), "params": "{not json"}
+    unknown = _model(("d3", "cpu_temp"), "forecast", 1, noise(60, 5))
+    unknown["params"] = json.dumps({**json.loads(unknown["params"]), "model": "hst"})
+    send_json(kafka, models, [*given.values(), broken, unknown], key="device")
+    send_json(kafka, clean, [b"{not a reading"], key="device")
+    sent: list[dict[str, Any]] = []
+    row = {FORECAST: 300, ROBUST: 300}
+
+    def send(key: tuple[str, str], count: int) -> None:
+        batch = readings(*key, history[key][row[key] : row[key] + count], first=row[key])
+        row[key] += count
+        sent.extend(batch)
+        send_json(kafka, clean, batch, key="device")
+
+    def scored_by_id() -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for score in topic_values(kafka, scores):
+            found[score["id"]].append(score)
+        return found
+
+    def until_version(key: tuple[str, str], version: int) -> None:
+        """Readings of ``key`` one at a time until one is scored with ``version``."""
+
+        def probe() -> bool | None:
+            send(key, 1)
+            last = scored_by_id().get(sent[-1]["id"])
+            return True if last and last[0]["model_version"] == version else None
+
+        wait_for(probe, timeout=180, interval=0.5, what=f"{key} scored with version {version}")
+
+    until_version(FORECAST, 1)
+    until_version(ROBUST, 1)
+    send(FORECAST, 40)
+    send(ROBUST, 40)
+    wait_for(
+        lambda: True if len(scored_by_id()) == len(sent) else None,
+        timeout=60,
+        what="every reading scored",
+    )
+    # A newer model for one key, then an older one again, which changes nothing.
+    newer = _model(FORECAST, "forecast", 2, history[FORECAST][:340])
+    send_json(kafka, models, [newer, given[FORECAST]], key="device")
+    until_version(FORECAST, 2)
+    send(FORECAST, 10)
+    send(ROBUST, 10)
+    wait_for(
+        lambda: True if len(scored_by_id()) == len(sent) else None,
+        timeout=60,
+        what="every reading scored after the update",
+    )
+    before = scored_by_id()
+    assert all(len(s) == 1 for s in before.values()), "a reading was scored twice"
+
+    # A restart: the job scores on from its checkpoint (again what its last real-time
+    # batch had read, with the same scores: at least once).
+    assert cli("jobs", "stop", job).code == 0
+    assert cli(*start, *topics).code == 0
+    send(FORECAST, 20)
+    send(ROBUST, 20)
+    wait_for(
+        lambda: True if set(scored_by_id()) == {r["id"] for r in sent} else None,
+        timeout=180,
+        what="every reading scored after the restart",
+    )
+    records = topic_values(kafka, scores)
+    assert cli("jobs", "stop", job).code == 0
+    assert {r["id"] for r in records} == {r["id"] for r in sent}
+    # A key's scores are in one partition, in the order the job scored its readings:
+    # those of the first run, then, from the restart, again those after the checkpoint
+    # the job restarted from, then the new ones. Each run's sequence is what the Python
+    # scorer gives, from the same memory, with the parameters the job had for each.
+    values = {r["id"]: r["value"] for r in sent}
+    replayed = 0
+    for key in history:
+        mine = [r for r in records if (r["device"], r["metric"]) == key]
+        ids = [r["id"] for r in mine]
+        again = next((j for j, i in enumerate(ids) if i in ids[:j]), len(mine))
+        first_run = mine[:again]
+        runs = [first_run]
+        if again < len(mine):
+            resumed = ids.index(ids[again])
+            runs.append(first_run[:resumed] + mine[again:])
+            replayed += again - resumed
+        assert ids[:again] == [r["id"] for r in sent if (r["device"], r["metric"]) == key][:again]
+        for run in runs:
+            # Parameters only ever move to a newer version (an older one sent again is not
+            # taken).
+            versions = [r["model_version"] or 0 for r in run]
+            assert versions == sorted(versions)
+            scorer = Scorer(MODELS["forecast"])
+            for score in run:
+                version = score["model_version"]
+                chosen = given[key] if version == 1 else newer if version == 2 else None
+                family = MODELS[chosen["model"]] if chosen else MODELS["forecast"]
+                if scorer.model is not family:
+                    scorer = Scorer.restore(family, scorer.state())
+                using = json.loads(chosen["params"]) if chosen else None
+                expected = scorer.score(values[score["id"]], using)
+                assert abs(score["score"] - expected) < 1e-9, (score, expected)
+                assert score["model"] == (chosen["model"] if chosen else None)
+    print(f"{replayed} readings scored again after the restart")
+    dead = {d["error"]: d for d in topic_values(kafka, f"{job}.dlq")}
+    assert set(dead) == {
+        "not a CleanReading record",
+        "params are not JSON text",
+        "params name no model family known here",
+    }
+    assert dead["params are not JSON text"]["source_topic"] == models

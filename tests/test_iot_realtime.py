@@ -9,7 +9,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from conftest import RunCli
+from conftest import RunCli, error_line
 from live_jobs import send_json, topic_values
 
 from kappaflow.iot.models import MODELS, Scorer
@@ -158,3 +158,11 @@ def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_aft
         "params name no model family known here",
     }
     assert dead["params are not JSON text"]["source_topic"] == models
+
+
+def test_a_family_the_jvm_scorer_does_not_know_is_refused_at_start(cli: RunCli) -> None:
+    job = f"rt-{uuid.uuid4().hex[:8]}"
+    start = ("jobs", "start", job, "--app", "kappaflow.iot.realtime:PIPELINE")
+    refused = cli(*start, "-P", "model=hst")
+    line = error_line(refused, "KF607", 1)
+    assert "error[KF616]: model 'hst': the real-time scorer scores forecast and robust" in line

@@ -86,7 +86,18 @@ def _slots(settings: Settings, params: Mapping[str, str]) -> tuple[int, int]:
     return read + readings, readings
 
 
+def _family(params: Mapping[str, str]) -> str:
+    model = params.get("model", DEFAULT_MODEL)
+    if model not in FAMILIES:
+        raise InvalidParameterError(
+            f"model {model!r}: the real-time scorer scores {' and '.join(FAMILIES)}"
+        )
+    return model
+
+
 def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
+    # Refused in the job's main driver, before a part's driver starts.
+    _family(params)
     slots, _ = _slots(settings, params)
     return [Part(PART, real_time_spark(settings, slots))]
 
@@ -141,12 +152,7 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     if ctx.part != PART:
         return []
     settings, spark = ctx.settings, ctx.spark
-    model = ctx.param("model", DEFAULT_MODEL)
-    if model not in FAMILIES:
-        raise InvalidParameterError(
-            f"job {ctx.name!r}: model {model!r}: the real-time scorer scores "
-            f"{' and '.join(FAMILIES)}"
-        )
+    model = _family(ctx.params)
     forget = ctx.param("forget_after", FORGET_AFTER)
     ttl_ms = 0 if forget == "never" else int(parse_duration(forget) / timedelta(milliseconds=1))
     if scorer_jar(settings) is None:

@@ -80,26 +80,26 @@ def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_aft
 
         wait_for(probe, timeout=180, interval=0.5, what=f"{key} scored with version {version}")
 
+    def all_scored(what: str, timeout: float = 60) -> None:
+        wanted = {r["id"] for r in sent}
+        wait_for(
+            lambda: True if set(scored_by_id()) == wanted else None,
+            timeout=timeout,
+            what=f"every reading scored {what}",
+        )
+
     until_version(FORECAST, 1)
     until_version(ROBUST, 1)
     send(FORECAST, 40)
     send(ROBUST, 40)
-    wait_for(
-        lambda: True if len(scored_by_id()) == len(sent) else None,
-        timeout=60,
-        what="every reading scored",
-    )
+    all_scored("with the first models")
     # A newer model for one key, then an older one again, which changes nothing.
     newer = _model(FORECAST, "forecast", 2, history[FORECAST][:340])
     send_json(kafka, models, [newer, given[FORECAST]], key="device")
     until_version(FORECAST, 2)
     send(FORECAST, 10)
     send(ROBUST, 10)
-    wait_for(
-        lambda: True if len(scored_by_id()) == len(sent) else None,
-        timeout=60,
-        what="every reading scored after the update",
-    )
+    all_scored("after the update")
     before = scored_by_id()
     assert all(len(s) == 1 for s in before.values()), "a reading was scored twice"
 
@@ -109,11 +109,7 @@ def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_aft
     assert cli(*start, *topics).code == 0
     send(FORECAST, 20)
     send(ROBUST, 20)
-    wait_for(
-        lambda: True if set(scored_by_id()) == {r["id"] for r in sent} else None,
-        timeout=180,
-        what="every reading scored after the restart",
-    )
+    all_scored("after the restart", timeout=180)
     records = topic_values(kafka, scores)
     assert cli("jobs", "stop", job).code == 0
     assert {r["id"] for r in records} == {r["id"] for r in sent}

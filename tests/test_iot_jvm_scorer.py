@@ -49,7 +49,10 @@ def test_the_jvm_scorer_scores_and_remembers_as_the_python_scorer(
     theirs: list[float] = []
     for rows in rounds(len(values), 16):
         # A new JVM scorer for every batch, from the memory the last one left, as a
-        # stateful processor keeps it between batches.
+        # stateful processor keeps it between batches; every other batch from the Python
+        # scorer's memory instead (the two read each other's).
+        if len(ours) % 2:
+            memory = json.dumps(python.state())
         jvm_scorer = scorers.SeriesScorer.restore(name, memory)
         given = scorers.Params.parse(json.dumps(params)) if params is not None else None
         for value in values[rows.start : rows.stop]:
@@ -81,6 +84,8 @@ def test_parameters_the_jvm_scorer_cannot_score_with_are_refused_with_the_reason
         json.dumps({**params, "model": "hst"}): "params name no model family known here",
         json.dumps({**params, "coef": [0.1]}): "params: $.coef does not hold 8 values",
         json.dumps({k: v for k, v in params.items() if k != "repeats"}): "$.repeats is not",
+        json.dumps({**params, "coef": ["x"] * 8}): "params: $.coef is not array<double>",
+        json.dumps({**params, "n": 99.5}): "params: $.n is not bigint",
     }
     for text, reason in broken.items():
         with pytest.raises(Exception, match=reason.replace("$", r"\$")):

@@ -16,7 +16,9 @@ record that does not parse, to ``JOB.dlq``.
 
 Its output is at least once: real-time mode writes to Kafka without transactions, and a
 restarted job scores again the readings of the batch it was in (up to
-``CHECKPOINT_INTERVAL``), with the same scores. The query holds a task slot for every
+``CHECKPOINT_INTERVAL``), from the memory it had at that batch's start; where a model
+update came in between, with the newer parameters (the two topics are read side by
+side, in no fixed order). The query holds a task slot for every
 partition it reads and every state partition, for as long as it runs, so it runs in a
 driver of its own (a part) with exactly those slots on a local master.
 """
@@ -95,9 +97,18 @@ def _family(params: Mapping[str, str]) -> str:
     return model
 
 
+def _needs_jar(settings: Settings) -> None:
+    if scorer_jar(settings) is None:
+        raise SetupError(
+            "the real-time scorer needs kappaflow-iot.jar, which setup builds with a JDK's "
+            "javac: install a JDK and run `make setup`"
+        )
+
+
 def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     # Refused in the job's main driver, before a part's driver starts.
     _family(params)
+    _needs_jar(settings)
     slots, _ = _slots(settings, params)
     return [Part(PART, real_time_spark(settings, slots))]
 
@@ -125,13 +136,13 @@ def rows(raw: DataFrame, models: str) -> DataFrame:
         .when(is_model, F.lit("model"))
         .otherwise(F.lit("reading"))
     )
-    reason = F.when(is_model, F.lit("not a ModelUpdate record")).otherwise(
-        F.lit("not a CleanReading record")
-    )
+    schema = F.when(is_model, F.lit("ModelUpdate")).otherwise(F.lit("CleanReading"))
+    reason = F.concat(F.lit("not a "), schema, F.lit(" record"))
     return raw.select(
         F.when(kind == "bad", F.lit("")).otherwise(F.to_json(F.array(device, metric))).alias("key"),
         kind.alias("kind"),
         reason.alias("reason"),
+        schema.alias("schema"),
         device.alias("device"),
         metric.alias("metric"),
         reading["value"].alias("value"),
@@ -155,11 +166,7 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     model = _family(ctx.params)
     forget = ctx.param("forget_after", FORGET_AFTER)
     ttl_ms = 0 if forget == "never" else int(parse_duration(forget) / timedelta(milliseconds=1))
-    if scorer_jar(settings) is None:
-        raise SetupError(
-            "the real-time scorer needs kappaflow-iot.jar, which setup builds with a JDK's "
-            "javac: install a JDK and run `make setup`"
-        )
+    _needs_jar(settings)
     source, models, dest = _topics(ctx.params)
     dead_letters = f"{ctx.name}.dlq"
     for topic in (dest, dead_letters):

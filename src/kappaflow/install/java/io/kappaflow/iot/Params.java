@@ -21,9 +21,10 @@ public final class Params {
 
   private Params(JsonNode p, String model) {
     this.model = model;
-    this.n = number(p, "n").longValue();
-    JsonNode surprise = p.path("surprise");
-    if (!surprise.isArray() || surprise.size() != 2) {
+    this.n = whole(p, "n");
+    whole(p, "version");
+    JsonNode surprise = numbers(p, "surprise");
+    if (surprise.size() != 2) {
       throw new IllegalArgumentException("params: $.surprise does not hold 2 values");
     }
     this.surpriseMean = surprise.get(0).asDouble();
@@ -37,8 +38,8 @@ public final class Params {
     this.errorSpread = robust ? 0.0 : number(p, "error_spread").doubleValue();
     this.coef = new double[SeriesScorer.LAGS];
     if (!robust) {
-      JsonNode given = p.path("coef");
-      if (!given.isArray() || given.size() != SeriesScorer.LAGS) {
+      JsonNode given = numbers(p, "coef");
+      if (given.size() != SeriesScorer.LAGS) {
         throw new IllegalArgumentException(
             "params: $.coef does not hold " + SeriesScorer.LAGS + " values");
       }
@@ -64,6 +65,26 @@ public final class Params {
       throw new IllegalArgumentException("params name no model family known here");
     }
     return new Params(p, model);
+  }
+
+  private static long whole(JsonNode p, String field) {
+    JsonNode value = p.path(field);
+    if (!value.isIntegralNumber() || !value.canConvertToLong()) {
+      throw new IllegalArgumentException("params: $." + field + " is not bigint");
+    }
+    return value.longValue();
+  }
+
+  private static JsonNode numbers(JsonNode p, String field) {
+    JsonNode values = p.path(field);
+    boolean all = values.isArray();
+    for (JsonNode value : values) {
+      all = all && value.isNumber();
+    }
+    if (!all) {
+      throw new IllegalArgumentException("params: $." + field + " is not array<double>");
+    }
+    return values;
   }
 
   private static Number number(JsonNode p, String field) {

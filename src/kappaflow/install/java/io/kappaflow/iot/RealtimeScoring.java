@@ -96,13 +96,14 @@ public final class RealtimeScoring {
           if ("bad".equals(kind)) {
             out.add(deadLetter(r, r.getAs("reason")));
           } else if ("model".equals(kind)) {
-            long given = r.<Long>getAs("version");
-            if (given <= known) {
-              continue;
-            }
+            // A record that cannot be scored with is a dead letter whatever its version.
             String problem = problem(r);
             if (problem != null) {
               out.add(deadLetter(r, problem));
+              continue;
+            }
+            long given = r.<Long>getAs("version");
+            if (given <= known) {
               continue;
             }
             text = r.getAs("params");
@@ -170,7 +171,7 @@ public final class RealtimeScoring {
     private Tuple3<String, String, String> deadLetter(Row r, String reason) {
       ObjectNode d = SeriesScorer.JSON.createObjectNode();
       d.put("error", reason);
-      d.put("schema", "model".equals(r.getAs("kind")) ? "ModelUpdate" : "record");
+      d.put("schema", r.<String>getAs("schema"));
       d.put("job", job);
       d.put("source_topic", r.<String>getAs("src_topic"));
       d.put("source_partition", r.<Integer>getAs("src_partition"));

@@ -159,9 +159,7 @@ def rows(raw: DataFrame, models: str) -> DataFrame:
 
 
 def start(ctx: JobContext) -> list[StreamingQuery]:
-    """In the part's driver, the scoring query; the job's main driver runs none."""
-    if ctx.part != PART:
-        return []
+    """The scoring query, in the part's driver (the job's main driver starts none)."""
     settings, spark = ctx.settings, ctx.spark
     model = _family(ctx.params)
     forget = ctx.param("forget_after", FORGET_AFTER)
@@ -203,4 +201,4 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
 
 
 #: The real-time scoring job.
-PIPELINE = Pipeline(start=start, parts=parts)
+PIPELINE = Pipeline(start=start, parts=parts, main=False)

@@ -87,11 +87,14 @@ class Pipeline:
 
     ``start`` starts the job's streaming queries (those of ``ctx.part`` in a part's
     driver) and returns them; ``parts`` names the parts a job with these parameters runs
-    beside its main driver (most run none).
+    beside its main driver (most run none). With ``main`` False every query runs in a
+    part: the main driver starts no Spark session and only starts, watches and stops the
+    parts, and the job runs until it is stopped or a part fails.
     """
 
     start: Callable[[JobContext], list[StreamingQuery]]
     parts: Callable[[Mapping[str, str], Settings], list[Part]] = _no_parts
+    main: bool = True
 
 
 def pipeline_target(reference: str) -> str:

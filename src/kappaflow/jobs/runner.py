@@ -23,6 +23,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -98,13 +99,23 @@ def _settings(record: JobRecord, part: SettingsOverrides | None = None) -> Setti
 
 
 def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event) -> int:
+    from kappaflow.spark.environment import spark_environment
     from kappaflow.spark.session import build_session
 
     pipeline = load_pipeline(record.pipeline)
     settings = _settings(record)
-    spark = build_session(settings, app_name=f"kappaflow:{record.name}")
-    ctx = JobContext(record.name, record.params, spark, settings, stopping=stop)
-    queries = pipeline.start(ctx)
+    spark = None
+    start: Callable[[], list[Any]] = list
+    if pipeline.main:
+        spark = build_session(settings, app_name=f"kappaflow:{record.name}")
+        start = partial(
+            pipeline.start, JobContext(record.name, record.params, spark, settings, stopping=stop)
+        )
+    else:
+        # Every query runs in a part: no session (no JVM) here; the parts' drivers get the
+        # environment a session would have set.
+        os.environ.update(spark_environment(settings, os.environ))
+    queries = start()
     parts = PartProcesses(home, pipeline.parts(record.params, settings))
     # A stop asked while the queries started: no parts, and the job never runs.
     if not stop.is_set():
@@ -132,7 +143,7 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
             if stop.is_set():
                 state, error = JobState.STOPPED, None
                 break
-            queries = pipeline.start(ctx)
+            queries = start()
             continue
         if (
             state is not JobState.FAILED
@@ -151,12 +162,12 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
         if stop.wait(RESTART_PAUSE_S):
             state, error = JobState.STOPPED, None
             break
-        queries = pipeline.start(ctx)
+        queries = start()
     parts.stop(timeout=PART_STOP_TIMEOUT_S)
     for query in queries:
         query.stop()
     _finish(record, record_path, state, error)
-    if state is JobState.STOPPED:
+    if state is JobState.STOPPED and spark is not None:
         spark.stop()
     return 1 if state is JobState.FAILED else 0
 
@@ -253,7 +264,8 @@ def _watch(
         other = failure()
         if other is not None:
             return JobState.FAILED, other
-        # A job whose queries all run in parts has none here: it runs until stopped.
+        # A job whose queries all run in parts (``Pipeline.main`` False) has none here: it
+        # runs until stopped.
         if queries and all(not q.isActive for q in queries):
             return JobState.FINISHED, None
         if asked():

@@ -76,6 +76,24 @@ def test_each_rule_raises_once_per_incident_and_resolves(spark: SparkSession) ->
     assert result.keys("alerts")[0] is not None
 
 
+def test_a_reading_scored_again_is_judged_once_even_out_of_order(spark: SparkSession) -> None:
+    def again(seq: int, minute: int, score: float) -> dict[str, Any]:
+        return {**scored("d4", "cpu_temp", minute, 50.0, score), "run": "d4/0", "seq": seq}
+
+    first = [again(1, 0, 0.9), again(2, 1, 0.9)]
+    # A restarted scorer scores 1 and 2 again before 3-5: judged twice, minute 0 would be
+    # the third high score in a row.
+    restarted = [*first, again(3, 2, 0.1), again(4, 3, 0.9), again(5, 4, 0.9)]
+    # The reading of minute 5 came after that of minute 6: both are judged.
+    swapped = [again(6, 6, 0.1), again(7, 5, 0.9)]
+    calm = [again(seq, seq - 1, 0.1) for seq in range(8, 14)]
+    batches = [first, restarted, swapped, calm]
+    result = kf.testing.run(alerts.build, {"scores": batches}, spark=spark, name="alerts")
+    seen = [(a["rule"], a["status"], a["time"][11:16]) for a in result.records("alerts")]
+    # Three high scores in a row at minutes 3, 4, 5; five calm ones from minute 6 to 10.
+    assert seen == [("anomaly", "raised", "00:05"), ("anomaly", "resolved", "00:10")], seen
+
+
 def test_open_alerts_are_kept_in_redis_on_the_broker(
     spark: SparkSession, serving: Settings
 ) -> None:

@@ -1,4 +1,4 @@
-"""`make demo`'s command, run for real: devices over HTTP and MQTT, the application's job,
+"""`make demo`'s command, run for real: devices over HTTP and MQTT, the application's jobs,
 the live panel, and a clean stop of everything it started."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow import services
 from kappaflow.api.server import EmbeddedApi
-from kappaflow.iot.demo import JOB, MODELS
+from kappaflow.iot.demo import JOB, MODELS, SCORER
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.records import StartAt, read_records
@@ -63,13 +63,15 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
     # Devices' presence came through the device-state part and the serving store.
     assert summary["online"] >= 1, summary
     assert summary["models"] > 0 and summary["model_version"] >= 1, summary
+    # The real-time scorer, a job of its own, scored readings as they came.
+    assert summary["scored"] > 0, summary
     # The panel was drawn, with its figures.
     assert "devices online" in result.err and "latest model version" in result.err
     assert f"dashboard on {own.api.url}/" in result.err
     # Models were published to the demo's compacted topic while it ran.
     assert any(True for _ in read_records(own.kafka, MODELS, start=StartAt(beginning=True)))
     # Everything the demo started is stopped; what ran before runs on.
-    assert JobManager(own).get_state(JOB) == "stopped"
+    assert JobManager(own).get_state(JOB) == JobManager(own).get_state(SCORER) == "stopped"
     assert EmbeddedRedis(own).status().state is ProcState.STOPPED
     assert EmbeddedMqtt(own).status().state is ProcState.STOPPED
     assert EmbeddedApi(own).status().state is ProcState.STOPPED

@@ -145,6 +145,11 @@ def test_readings_are_scored_with_their_metrics_model_and_bad_models_go_to_dead_
     assert len(ours) == 40 and {s["model_version"] for s in ours} == {1}
     by_seq = {int(s["id"].split("/")[1]) - 300: s["score"] for s in ours}
     assert by_seq[30] >= ALERT_SCORE
+    # Numbered from the key's first reading, across batches: the alerting job judges a
+    # reading scored again by that pair.
+    first = min(ours, key=lambda s: s["time"])["id"]
+    numbers = sorted((s["run"], s["seq"]) for s in ours)
+    assert numbers == [(first, n) for n in range(1, 41)], numbers
     assert max(v for seq, v in by_seq.items() if seq != 30 and seq != 31) < ALERT_SCORE
     strangers = [s for s in scores if s["device"] == "d9"]
     assert [(s["score"], s["model"]) for s in strangers] == [(0.0, None), (0.0, None)]

@@ -139,6 +139,10 @@ def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_aft
             # taken).
             versions = [r["model_version"] or 0 for r in run]
             assert versions == sorted(versions)
+            # The key's readings numbered in scoring order from its first reading: a
+            # reading scored again after the restart has its number of the first run.
+            numbers = [(r["run"], r["seq"]) for r in run]
+            assert numbers == [(run[0]["id"], n) for n in range(1, len(run) + 1)], numbers
             scorer = Scorer(MODELS["forecast"])
             for score in run:
                 version = score["model_version"]

@@ -16,6 +16,10 @@ three rules and writes to ``alerts`` (``-P dest=...``), keyed by ``[device, metr
   than ``RATE_SCALES`` of its scales within a minute; a reading that moves less than that
   from the one before resolves it.
 
+A reading scored again (a restarted real-time scorer scores the readings of its last
+batch once more) is judged once: each score carries the scorer's ``run`` of the key and
+its ``seq`` in it, and a pair judged before is passed over.
+
 An alert is raised once per incident: a rule already raised for a key raises nothing more
 until it is resolved. Each record says ``raised`` or ``resolved``, with the reason, the
 event time, for ``anomaly`` the score that raised it, and the rules open for the key
@@ -51,6 +55,8 @@ CALM = 5
 SILENCE_MS = 5 * 60_000
 RATE_SCALES = 4.0
 FORGET_AFTER = "1d"
+#: How many readings judged out of order a key remembers (``_again``).
+GAPS_KEPT = 1000
 _SCALE = {m.name: m.scale for m in METRICS}
 _MINUTE_MS = 60_000
 
@@ -63,6 +69,10 @@ class Scored:
     time: kf.EventTime
     id: str
     score: float
+    #: The scorer's run of the key (the id of the first reading it scored) and the
+    #: reading's number in it: a reading scored again has the same pair.
+    run: str | None = None
+    seq: int | None = None
 
 
 @dataclass
@@ -87,6 +97,30 @@ class Watch:
     open: list[str] = field(default_factory=list)
     last_seen: int = 0
     last_value: float | None = None
+    #: The scorer's run judged, the number up to which all its readings were judged, and
+    #: those judged above it (readings that came out of event-time order).
+    run: str = ""
+    judged: int = 0
+    above: list[int] = field(default_factory=list)
+
+
+def _again(w: Watch, e: Scored, first: int) -> bool:
+    """Whether ``e`` is a reading judged before: a real-time scorer restarted scores the
+    readings of its last batch again (at least once). ``first`` is the lowest number of
+    ``e``'s run among the events at hand, where the run is new to the key."""
+    if e.run is None or e.seq is None:
+        return False
+    if e.run != w.run:
+        w.run, w.judged, w.above = e.run, first - 1, []
+    if e.seq <= w.judged or e.seq in w.above:
+        return True
+    w.above.append(e.seq)
+    w.above.sort()
+    # A number that never comes (a score the job could not read) holds back no more than
+    # GAPS_KEPT of those above it.
+    while w.above and (w.above[0] == w.judged + 1 or len(w.above) > GAPS_KEPT):
+        w.judged = w.above.pop(0)
+    return False
 
 
 def _raise(w: Watch, e: Scored, rule: str, reason: str, score: float | None = None) -> Alert:
@@ -104,7 +138,13 @@ def watch(
     key: tuple[Any, ...], events: list[Scored], ctx: kf.StateContext[Watch]
 ) -> Iterator[Alert]:
     w = ctx.state
+    firsts: dict[str, int] = {}
     for e in events:
+        if e.run is not None and e.seq is not None:
+            firsts[e.run] = min(firsts.get(e.run, e.seq), e.seq)
+    for e in events:
+        if _again(w, e, firsts.get(e.run or "", 1)):
+            continue
         t = to_epoch_ms(e.time)
         if "no_data" in w.open:
             yield _resolve(w, e, "no_data", "a reading came")

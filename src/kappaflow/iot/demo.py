@@ -2,11 +2,11 @@
 run, and the terminal shows the fleet, its readings, open alerts and the models, live.
 
 It starts the embedded services, registers the fleet, runs the gateway and the two MQTT
-bridges (readings and events) in this process, starts the five jobs as processes of their
-own (clean, train, score, alerts, devices; in that order, each after what it reads
-exists), and runs the simulator live: devices of even number send over HTTP, odd over
-MQTT. Ctrl-C (or the end of ``duration``) stops the simulator, then the jobs, the bridges,
-the gateway, and the services it started.
+bridges (readings and events) in this process, starts the application's two jobs (the
+cleaning, training, alerting and device-state streams in one driver, and the real-time
+scorer in a driver of its own), and runs the simulator live: devices of even number send
+over HTTP, odd over MQTT. Ctrl-C (or the end of ``duration``) stops the simulator, then
+the jobs, the bridges, the gateway, and the services it started.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ import functools
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_END, TopicPartition
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -62,58 +64,91 @@ STATUS, REGISTRY, DLQ = (
     f"{PREFIX}devices.registry",
     f"{PREFIX}gateway.dlq",
 )
-#: The application as one job (``kappaflow.iot.app``: one Spark driver for the five
-#: jobs' streams), with its parts' parameters.
-JOB = "demo-iot"
+#: The application as two jobs: ``kappaflow.iot.app`` runs the cleaning, training,
+#: alerting and device-state streams in one Spark driver (with its parts' parameters), and
+#: the real-time scorer (``kappaflow.iot.realtime``) scores each clean reading as it comes.
+JOB, SCORER = "demo-iot", "demo-iot-score"
 PARAMS = {
+    "parts": "clean,train,alerts,devices",
     "clean.source": RAW,
     "clean.dest": CLEAN,
     "clean.registry": REGISTRY,
     "train.source": CLEAN,
     "train.dest": MODELS,
-    "score.source": CLEAN,
-    "score.models": MODELS,
-    "score.dest": SCORES,
     "alerts.source": SCORES,
     "alerts.dest": ALERTS,
     "devices.events": EVENTS,
     "devices.source": CLEAN,
     "devices.status": STATUS,
 }
-JOBS: tuple[tuple[str, str, dict[str, str]], ...] = ((JOB, "kappaflow.iot.app:build", PARAMS),)
+SCORER_PARAMS = {"source": CLEAN, "models": MODELS, "dest": SCORES}
+JOBS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    (JOB, "kappaflow.iot.app:build", PARAMS),
+    (SCORER, "kappaflow.iot.realtime:PIPELINE", SCORER_PARAMS),
+)
 GATEWAY_PORT = 8088
 #: Anomalies a day per device and metric: many, so that alerts come within minutes.
 ANOMALIES_PER_DAY = 48.0
 
 
 @dataclass
-class Models:
-    """The ``models`` topic followed: how many series have a model, the newest version."""
+class Outputs:
+    """The ``models`` and ``scores`` topics followed: how many series have a model, the
+    newest version, and how many readings were scored and how long after their event
+    time (the score record's Kafka timestamp less the reading's ``time``)."""
 
     keys: set[bytes] = field(default_factory=set)
     version: int = 0
     model: str = "-"
+    scored: int = 0
+    #: (when it was seen, monotonic; event time to score, ms) of the latest scores.
+    lags: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=20_000))
+
+    def lag_p50(self, window_s: float = 10.0) -> float | None:
+        """The median event-to-score time of the scores seen in the last ``window_s``."""
+        since = time.monotonic() - window_s
+        recent = sorted(lag for seen, lag in list(self.lags) if seen >= since)
+        return recent[len(recent) // 2] if recent else None
+
+    def take(self, topic: str, key: bytes, value: dict[str, Any], timestamp_ms: int) -> None:
+        if topic == MODELS:
+            self.keys.add(key)
+            if int(value.get("version", 0)) >= self.version:
+                self.version = int(value["version"])
+                self.model = str(value.get("model", "-"))
+            return
+        self.scored += 1
+        event = datetime.fromisoformat(str(value["time"]))
+        self.lags.append((time.monotonic(), timestamp_ms - event.timestamp() * 1000.0))
 
 
-def _follow_models(settings: Settings, models: Models, stop: threading.Event) -> None:
+def _follow(settings: Settings, outputs: Outputs, stop: threading.Event) -> None:
     client = consumer(settings.kafka, **{"enable.partition.eof": False})
     try:
-        wait_for(
-            lambda: True if MODELS in client.list_topics(timeout=5).topics else None,
+        topics = (MODELS, SCORES)
+        found = wait_for(
+            lambda: (
+                listed
+                if all(t in (listed := client.list_topics(timeout=5).topics) for t in topics)
+                else None
+            ),
             timeout=600,
-            what="the models topic",
+            what="the models and scores topics",
         )
-        partitions = client.list_topics(MODELS, timeout=5).topics[MODELS].partitions
-        client.assign([TopicPartition(MODELS, p, 0) for p in partitions])
+        client.assign(
+            [
+                TopicPartition(t, p, 0 if t == MODELS else OFFSET_END)
+                for t in topics
+                for p in found[t].partitions
+            ]
+        )
         while not stop.is_set():
             message = client.poll(0.5)
             if message is None or message.error() is not None or message.value() is None:
                 continue
-            update = json.loads(message.value() or b"{}")
-            models.keys.add(message.key() or b"")
-            if int(update.get("version", 0)) >= models.version:
-                models.version = int(update["version"])
-                models.model = str(update.get("model", "-"))
+            _kind, timestamp_ms = message.timestamp()
+            value = json.loads(message.value() or b"{}")
+            outputs.take(message.topic() or "", message.key() or b"", value, timestamp_ms)
     except Exception:
         return
     finally:
@@ -210,12 +245,12 @@ def run_iot_demo(
                 jobs.start, wait=False, overrides=overrides, config_file=config_file
             )
             _start_jobs(settings, jobs, started, say, launch)
-            models = Models()
+            outputs = Outputs()
             stack.enter_context(
-                _in_thread(lambda stop: _follow_models(settings, models, stop), "models")
+                _in_thread(lambda stop: _follow(settings, outputs, stop), "outputs")
             )
             return _stream(
-                settings, jobs, console, url, gateway, tokens, models, devices, rate, duration_s
+                settings, jobs, console, url, gateway, tokens, outputs, devices, rate, duration_s
             )
 
 
@@ -292,7 +327,7 @@ def _stream(
     url: str,
     gateway: Gateway,
     tokens: dict[str, str],
-    models: Models,
+    outputs: Outputs,
     devices: int,
     rate: float,
     duration_s: float | None,
@@ -325,7 +360,7 @@ def _stream(
                 sent = http.sent.acknowledged + mqtt.sent.acknowledged
                 rates.append((time.monotonic(), sent))
                 rates[:] = [r for r in rates if r[0] >= time.monotonic() - 10]
-                live.update(_view(seen, models, http, mqtt, rates))
+                live.update(_view(seen, outputs, http, mqtt, rates))
                 sender.join(timeout=1.0)
     except KeyboardInterrupt:
         console.print("stopping ...")
@@ -338,8 +373,9 @@ def _stream(
         "mqtt": mqtt.sent.to_json(),
         "online": seen.get("online", 0),
         "open_alerts": len(seen.get("alerts", [])),
-        "models": len(models.keys),
-        "model_version": models.version,
+        "models": len(outputs.keys),
+        "model_version": outputs.version,
+        "scored": outputs.scored,
     }
 
 
@@ -360,7 +396,7 @@ def _look(store: Any, gateway: Gateway) -> dict[str, Any]:
 
 def _view(
     seen: dict[str, Any],
-    models: Models,
+    outputs: Outputs,
     http: GatewaySink,
     mqtt: MqttSink,
     rates: list[tuple[float, int]],
@@ -373,10 +409,16 @@ def _view(
         f"readings/s [bold]{per_s:,.0f}[/]",
         f"HTTP {http.sent.acknowledged:,} · MQTT {mqtt.sent.acknowledged:,} acknowledged",
     )
+    lag = outputs.lag_p50()
     head.add_row(
         f"open alerts [bold]{len(seen.get('alerts', []))}[/]",
-        f"models [bold]{len(models.keys)}[/] series",
-        f"latest model version [bold]{models.version}[/] ({models.model})",
+        f"models [bold]{len(outputs.keys)}[/] series",
+        f"latest model version [bold]{outputs.version}[/] ({outputs.model})",
+    )
+    head.add_row(
+        f"scored [bold]{outputs.scored:,}[/]",
+        "event → score p50 " + (f"[bold]{lag / 1000:.2f} s[/]" if lag is not None else "-"),
+        f"scores topic: {SCORES}",
     )
     alerts = Table(title="open alerts (newest first)", title_justify="left")
     for column in ("device", "metric", "rule", "since", "reason"):

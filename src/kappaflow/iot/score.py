@@ -15,7 +15,12 @@ keyed by ``[device, metric]``::
 
     {"device": "dev-000042", "metric": "cpu_temp", "value": 61.2,
      "time": "2026-11-25T09:00:01.250Z", "id": "...", "score": 0.07,
-     "model": "forecast", "model_version": 118}
+     "model": "forecast", "model_version": 118, "run": "...", "seq": 5012}
+
+``run`` and ``seq`` number the key's readings as scored: ``run`` is the id of the first
+reading the key's state scored (a key forgotten and seen again starts a new run), ``seq``
+the reading's number in it. A scorer that scores a reading again (the real-time scorer
+after a restart) gives it the same pair, which the alerting job uses to judge it once.
 
 A ``models`` record whose parameters do not parse, or that names a model family this
 version does not know, goes to the job's dead-letter topic and leaves the key's last
@@ -74,6 +79,10 @@ class Score:
     score: float
     model: str | None
     model_version: int | None
+    #: The run of the key's scoring (the id of its first reading scored) and the reading's
+    #: number in it: a reading scored again from the same state has the same pair.
+    run: str
+    seq: int
 
 
 @dataclass
@@ -83,6 +92,9 @@ class Scoring:
     #: The parameters last scored with, as JSON text, and their version.
     params: str = ""
     version: int = 0
+    #: The run (its first reading's id) and the readings scored in it.
+    run: str = ""
+    seq: int = 0
 
 
 def _newer(state: Scoring, event: Modelled) -> Params | None:
@@ -126,7 +138,20 @@ def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunct
             # first model's first forecasts need the readings before it.
             value = scorer.score(e.value, params)
             name = family.name if params is not None else None
-            yield Score(e.device, e.metric, e.value, e.time, e.id, value, name, version)
+            state = ctx.state
+            state.run, state.seq = state.run or e.id, state.seq + 1
+            yield Score(
+                e.device,
+                e.metric,
+                e.value,
+                e.time,
+                e.id,
+                value,
+                name,
+                version,
+                state.run,
+                state.seq,
+            )
         if scorer is not None:
             ctx.state.scorer = json.dumps(scorer.state())
 

@@ -63,6 +63,8 @@ public final class RealtimeScoring {
     private transient ValueState<String> memory;
     private transient ValueState<String> params;
     private transient ValueState<Long> version;
+    private transient ValueState<String> run;
+    private transient ValueState<Long> seq;
 
     Processor(String scoresTopic, String deadLetterTopic, String job, String defaultFamily, long ttlMs) {
       this.scoresTopic = scoresTopic;
@@ -78,6 +80,8 @@ public final class RealtimeScoring {
       memory = getHandle().getValueState("memory", Encoders.STRING(), ttl);
       params = getHandle().getValueState("params", Encoders.STRING(), ttl);
       version = getHandle().getValueState("version", Encoders.LONG(), ttl);
+      run = getHandle().getValueState("run", Encoders.STRING(), ttl);
+      seq = getHandle().getValueState("seq", Encoders.LONG(), ttl);
     }
 
     @Override
@@ -89,6 +93,10 @@ public final class RealtimeScoring {
         String text = params.exists() ? params.get() : null;
         Params current = text != null ? Params.parse(text) : null;
         String remembered = memory.exists() ? memory.get() : "";
+        // The key's run (its first reading's id) and readings scored in it, as the
+        // micro-batch scorer numbers them: a reading scored again has the same pair.
+        String runId = run.exists() ? run.get() : null;
+        long scored = seq.exists() ? seq.get() : 0L;
         SeriesScorer scorer = null;
         while (rows.hasNext()) {
           Row r = rows.next();
@@ -117,11 +125,16 @@ public final class RealtimeScoring {
               scorer = SeriesScorer.restore(family.name().toLowerCase(), remembered);
             }
             double score = scorer.score(r.<Double>getAs("value"), current);
-            out.add(new Tuple3<>(scoresTopic, key, scoreJson(r, score, current, known)));
+            runId = runId != null ? runId : r.<String>getAs("id");
+            scored += 1;
+            out.add(
+                new Tuple3<>(scoresTopic, key, scoreJson(r, score, current, known, runId, scored)));
           }
         }
         if (scorer != null) {
           memory.update(scorer.state());
+          run.update(runId);
+          seq.update(scored);
         }
         if (text != null) {
           params.update(text);
@@ -150,7 +163,8 @@ public final class RealtimeScoring {
       }
     }
 
-    private String scoreJson(Row r, double score, Params current, long known) {
+    private String scoreJson(
+        Row r, double score, Params current, long known, String runId, long scored) {
       ObjectNode s = SeriesScorer.JSON.createObjectNode();
       s.put("device", r.<String>getAs("device"));
       s.put("metric", r.<String>getAs("metric"));
@@ -165,6 +179,8 @@ public final class RealtimeScoring {
         s.put("model", current.model);
         s.put("model_version", known);
       }
+      s.put("run", runId);
+      s.put("seq", scored);
       return s.toString();
     }
 

@@ -132,6 +132,9 @@ class LatencyBenchResult:
     duration_s: float
     anomalies_per_day: float
     partitions: int
+    #: ``realtime`` (``kappaflow.iot.realtime``, a job of its own) or ``batch`` (the
+    #: application job's micro-batch scoring part).
+    scorer: str = "batch"
     windows: list[Window] = field(default_factory=list)
     #: Per rate: the trainer-stopped window's figures over the trainer-running one's.
     ratios: list[dict[str, Any]] = field(default_factory=list)
@@ -472,7 +475,7 @@ COLUMNS = (
     "→ read p50 / p99 ms",
     "→ alert p50 / p99 ms (n)",
     "model updates / series moved",
-    "CPU gen / app / trainer / kafka",
+    "CPU gen / app / scorer / trainer / kafka",
     "busy",
 )
 
@@ -484,7 +487,8 @@ def _ms(value: float | None) -> str:
 def rows(result: LatencyBenchResult) -> list[list[str]]:
     found = []
     for w in result.windows:
-        cpu = [w.cpu.get(n) for n in ("generator", "app job", "trainer job", "kafka")]
+        jobs = ("app job", "scorer job", "trainer job")
+        cpu = [w.cpu.get(n) for n in ("generator", *jobs, "kafka")]
         found.append(
             [
                 w.phase,
@@ -509,6 +513,7 @@ def summary(result: LatencyBenchResult) -> str:
     lines = [
         "# IoT application: sustained readings per second and end-to-end latency",
         "",
+        f"Scorer: {result.scorer}. "
         f"{result.devices} devices, {rates} readings/s ({result.reading_bytes:.0f} bytes "
         f"each), {result.partitions} partitions a topic; {result.warmup_s:g} s warm-up, "
         f"{result.settle_s:g} s to settle after each change, {result.duration_s:g} s "

@@ -2,10 +2,12 @@
 the generator and the reader of the outputs; what is measured, and how it is read back,
 is in ``iot_latency``.
 
-The application runs as two jobs of ``kappaflow.iot.app:build`` on topics of the run's
-own (``bench.latency.<run>.*``): cleaning, scoring, alerting and device state in one
-(``-P parts=clean,score,alerts,devices``), the trainer in the other (``-P parts=train``),
-so that the trainer can be stopped while the rest runs on.
+The application runs on topics of the run's own (``bench.latency.<run>.*``) as jobs of
+``kappaflow.iot.app:build``: cleaning, alerting and device state in one (``-P
+parts=clean,alerts,devices``), the trainer in another (``-P parts=train``), so that the
+trainer can be stopped while the rest runs on; the scorer is the real-time one, a job of
+its own (``kappaflow.iot.realtime:PIPELINE``, scorer ``realtime``), or the micro-batch
+part in the first job (scorer ``batch``).
 
 The generator is the simulator's fleet (``kappaflow.iot.simulator``: its values, with
 anomalies often enough that alerts come within the run), advanced to the wall clock in
@@ -77,6 +79,9 @@ from kappaflow_bench.iot_latency import (
 from kappaflow_bench.report import machine, write_json
 
 APP = "kappaflow.iot.app:build"
+REALTIME = "kappaflow.iot.realtime:PIPELINE"
+#: The scorers a run can measure.
+SCORERS = ("realtime", "batch")
 #: Anomalies a day per device and metric: many, so that alerts come within minutes (the
 #: demo's figure).
 ANOMALIES_PER_DAY = 48.0
@@ -244,8 +249,10 @@ class LatencyRun:
         devices: int,
         rate: float,
         seed: int,
+        scorer: str = "realtime",
     ) -> None:
         self.settings, self.overrides, self.config_file = settings, overrides, config_file
+        self.scorer = scorer
         self.fleet = device_names(devices)
         run_id = uuid.uuid4().hex[:6]
         self.prefix = f"bench.latency.{run_id}."
@@ -264,15 +271,15 @@ class LatencyRun:
         }
         self.topics = t
         self.app, self.trainer = f"bench-latency-{run_id}", f"bench-latency-{run_id}-train"
+        self.scoring = f"bench-latency-{run_id}-score" if scorer == "realtime" else None
+        scoring = {"source": t["telemetry.clean"], "models": t["models"], "dest": t["scores"]}
         self.params = {
             self.app: {
-                "parts": "clean,score,alerts,devices",
+                "parts": "clean,alerts,devices" if self.scoring else "clean,score,alerts,devices",
                 "clean.source": t["telemetry.raw"],
                 "clean.dest": t["telemetry.clean"],
                 "clean.registry": t["devices.registry"],
-                "score.source": t["telemetry.clean"],
-                "score.models": t["models"],
-                "score.dest": t["scores"],
+                **({} if self.scoring else {f"score.{k}": v for k, v in scoring.items()}),
                 "alerts.source": t["scores"],
                 "alerts.dest": t["alerts"],
                 "devices.events": t["devices.events"],
@@ -284,6 +291,7 @@ class LatencyRun:
                 "train.source": t["telemetry.clean"],
                 "train.dest": t["models"],
             },
+            **({self.scoring: scoring} if self.scoring else {}),
         }
         self.jobs = JobManager(settings)
         self.home = settings.state_dir / "bench-iot-latency"
@@ -335,8 +343,13 @@ class LatencyRun:
             self._tear_down(say)
 
     def start_app(self, say: Callable[[str], None]) -> None:
-        self._start_job(self.app)
-        say(f"job {self.app} running")
+        for name in self._always():
+            self._start_job(name)
+            say(f"job {name} running")
+
+    def _always(self) -> tuple[str, ...]:
+        """The jobs that run from start to end: all but the trainer."""
+        return (self.app, self.scoring) if self.scoring else (self.app,)
 
     def start_trainer(self, say: Callable[[str], None]) -> None:
         self._start_job(self.trainer)
@@ -346,7 +359,7 @@ class LatencyRun:
     def _start_job(self, name: str) -> None:
         self.jobs.start(
             name,
-            APP,
+            REALTIME if name == self.scoring else APP,
             self.params[name],
             overrides=self.overrides,
             config_file=self.config_file,
@@ -395,12 +408,11 @@ class LatencyRun:
         with contextlib.suppress(Exception):
             self.generator.stop()
         self.stop_reader()
-        for name in (self.trainer, self.app):
+        for name, label in self._labels():
             if self.jobs.get_state(name) in ACTIVE_STATES:
                 with contextlib.suppress(JobError):
                     self.jobs.stop(name)
                     say(f"job {name} stopped")
-            label = "app" if name == self.app else "trainer"
             log = self.jobs.job_dir(name) / "driver.log"
             with contextlib.suppress(OSError):
                 self.logs[label] = log.read_text(errors="replace").splitlines()
@@ -423,7 +435,7 @@ class LatencyRun:
             raise ServiceExitedError(
                 f"the reader of the outputs exited ({self._reader.exitcode}); see stderr"
             )
-        for name in (self.app, self.trainer) if self.trainer_running else (self.app,):
+        for name in (*self._always(), *((self.trainer,) if self.trainer_running else ())):
             state = self.jobs.get_state(name)
             if state is not JobState.RUNNING:
                 lines = " | ".join(self.jobs.log_lines(name, 5))
@@ -445,11 +457,12 @@ class LatencyRun:
             "generator": process_tree(os.getpid(), children=False),
             "reader": process_tree(self._reader.pid if self._reader else None),
             "app job": process_tree(self.jobs.get(self.app).pid),
+            "scorer job": process_tree(self.jobs.get(self.scoring).pid if self.scoring else None),
             "trainer job": process_tree(trainer),
             **{name: process_tree(pid) for name, pid in self._services.items()},
         }
         lines = {}
-        for label, name in (("app", self.app), ("trainer", self.trainer)):
+        for name, label in self._labels():
             log = self.jobs.job_dir(name) / "driver.log"
             with contextlib.suppress(OSError), log.open("rb") as text:
                 lines[label] = sum(1 for _ in text)
@@ -469,6 +482,11 @@ class LatencyRun:
         last = self.snapshot()
         self.mark(f"{phase} at {rate:g}/s: measured")
         return window, first, last
+
+    def _labels(self) -> list[tuple[str, str]]:
+        """Each job with the label of its figures and logs."""
+        named = [(self.trainer, "trainer"), (self.app, "app")]
+        return named + ([(self.scoring, "scorer")] if self.scoring else [])
 
     def stop_trainer(self) -> float:
         """Stop the trainer job; the seconds it took."""
@@ -510,6 +528,7 @@ def run(
     seed: int,
     out_dir: Path,
     say: Callable[[str], None],
+    scorer: str = "realtime",
 ) -> LatencyBenchResult:
     """Each rate with the trainer running, then each again with the trainer stopped; the
     figures, also written to ``out_dir`` (``result.json``, ``summary.md``,
@@ -522,10 +541,11 @@ def run(
         duration_s=duration_s,
         anomalies_per_day=ANOMALIES_PER_DAY,
         partitions=DEFAULT_PARTITIONS,
+        scorer=scorer,
         machine=machine(),
         uptime_at_start=_uptime(),
     )
-    bench = LatencyRun(settings, overrides, config_file, devices, rates[0], seed)
+    bench = LatencyRun(settings, overrides, config_file, devices, rates[0], seed, scorer)
     measured: list[tuple[Window, Snapshot, Snapshot]] = []
     stop_asked_ms = 0
     with bench.running(say):
@@ -575,7 +595,12 @@ def run(
         result.last_model_update_after_stop_s = round(
             (int(records.models.max()) - stop_asked_ms) / 1000, 1
         )
-    result.jobs = {"app": bench.app, "trainer": bench.trainer, "params": bench.params}
+    result.jobs = {
+        "app": bench.app,
+        "scorer": bench.scoring,
+        "trainer": bench.trainer,
+        "params": bench.params,
+    }
     result.machine["load_average_at_end"] = os.getloadavg()
     result.uptime_at_end = _uptime()
     _write(out_dir, result, timeline(records, bench.generator.per_second, bench.marks), bench.logs)

@@ -239,6 +239,13 @@ def iot_ingest(
 )
 @click.option("--seed", default=11, show_default=True, type=int)
 @click.option(
+    "--scorers",
+    default="realtime,batch",
+    show_default=True,
+    help="the scorers to measure, one whole run each, in this order: realtime (the "
+    "real-time scorer, a job of its own) and batch (the micro-batch scoring part)",
+)
+@click.option(
     "--out",
     "out_dir",
     default="bench-results/iot-latency",
@@ -254,35 +261,60 @@ def iot_latency(
     warmup: float,
     settle: float,
     seed: int,
+    scorers: str,
     out_dir: Path,
 ) -> None:
     """The IoT application's sustained readings per second and end-to-end latency on
     this machine: the simulator's fleet sent straight to Kafka at each rate, through
     cleaning, scoring and alerting (one job) with the trainer as a job of its own; each
     rate measured with the trainer running, then again with it stopped. Latency is from
-    a reading's event time to its score in `scores` and to its alert in `alerts`."""
-    from kappaflow_bench.iot_latency import COLUMNS, rows
-    from kappaflow_bench.iot_latency_run import run
+    a reading's event time to its score in `scores` and to its alert in `alerts`. Each
+    scorer is a run of its own, one after the other, written to OUT/SCORER/."""
+    from kappaflow_bench.iot_latency import COLUMNS, LatencyBenchResult, rows
+    from kappaflow_bench.iot_latency_run import SCORERS, run
 
+    chosen = [name.strip() for name in scorers.split(",") if name.strip()]
+    if not chosen or any(name not in SCORERS for name in chosen):
+        raise click.BadParameter(f"choose among {', '.join(SCORERS)}", param_hint="--scorers")
+    results: dict[str, LatencyBenchResult] = {}
     with svc.embedded_services(ctx.settings, say):
-        result = run(
-            ctx.settings,
-            ctx.overrides,
-            ctx.config_file,
-            devices=devices,
-            rates=rates,
-            warmup_s=warmup,
-            settle_s=settle,
-            duration_s=duration,
-            seed=seed,
-            out_dir=out_dir,
-            say=say,
-        )
-    table(f"IoT application: {devices} devices, {duration:g} s a window", COLUMNS, rows(result))
-    for ratio in result.ratios:
-        shown = ", ".join(f"{k} {v}" for k, v in ratio.items() if k != "rate" and v is not None)
-        say(f"trainer stopped / running at {ratio['rate']:,.0f}/s: {shown}")
-    say(f"wrote {out_dir / 'result.json'}, {out_dir / 'summary.md'}, {out_dir / 'timeline.csv'}")
+        for scorer in chosen:
+            say(f"scorer {scorer}")
+            results[scorer] = result = run(
+                ctx.settings,
+                ctx.overrides,
+                ctx.config_file,
+                devices=devices,
+                rates=rates,
+                warmup_s=warmup,
+                settle_s=settle,
+                duration_s=duration,
+                seed=seed,
+                out_dir=out_dir / scorer,
+                say=say,
+                scorer=scorer,
+            )
+            title = f"IoT application, scorer {scorer}: {devices} devices, {duration:g} s a window"
+            table(title, COLUMNS, rows(result))
+            for ratio in result.ratios:
+                shown = ", ".join(
+                    f"{k} {v}" for k, v in ratio.items() if k != "rate" and v is not None
+                )
+                say(f"trainer stopped / running at {ratio['rate']:,.0f}/s: {shown}")
+            say(f"wrote {out_dir / scorer}/result.json, summary.md, timeline.csv")
+    if len(results) == 2:
+        realtime, batch = results["realtime"], results["batch"]
+        for ours, theirs in zip(realtime.windows, batch.windows, strict=True):
+            figures = [
+                f"{name} {a / b:.3f}"
+                for name, a, b in (
+                    ("score p50", ours.to_score_p50_ms, theirs.to_score_p50_ms),
+                    ("score p99", ours.to_score_p99_ms, theirs.to_score_p99_ms),
+                    ("alert p50", ours.to_alert_p50_ms, theirs.to_alert_p50_ms),
+                )
+                if a is not None and b
+            ]
+            say(f"realtime / batch, {ours.phase} at {ours.rate:,.0f}/s: {', '.join(figures)}")
 
 
 COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency)

@@ -181,3 +181,61 @@ def test_a_family_the_jvm_scorer_does_not_know_is_refused_at_start(cli: RunCli) 
     refused = cli(*start, "-P", "model=hst")
     line = error_line(refused, "KF607", 1)
     assert "error[KF616]: model 'hst': the real-time scorer scores forecast and robust" in line
+
+
+def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka: Settings) -> None:
+    job = f"rt-{uuid.uuid4().hex[:8]}"
+    raw, models, scores = f"{job}-raw", f"{job}-models", f"{job}-scores"
+    create_topic(kafka.kafka, raw, partitions=2)
+    create_topic(kafka.kafka, models, partitions=1)
+    topics = ("-P", f"source={raw}", "-P", f"models={models}", "-P", f"dest={scores}")
+    start = ("jobs", "start", job, "--app", "kappaflow.iot.realtime:PIPELINE", *topics)
+    started = cli(*start, "-P", "readings=raw")
+    assert started.code == 0, started.err
+    history = noise(400, 3)
+    model = _model(FORECAST, "forecast", 1, history[:300])
+    send_json(kafka, models, [model], key="device")
+    # Every other reading in Fahrenheit, as a device of the imperial firmware sends it.
+    sent = readings(*FORECAST, history[300:], first=300)
+    for i, r in enumerate(sent):
+        if i % 2:
+            r.update(value=r["value"] * 9 / 5 + 32, unit="fahrenheit")
+    canonical = {r["id"]: round(v, 3) for r, v in zip(sent, history[300:], strict=True)}
+    times = {r["id"]: r["time"] for r in sent}
+    late = {**sent[0], "id": "far-future", "time": "2031-01-01T00:00:00+00:00"}
+    refused = [
+        {**sent[0], "id": "kelvin", "unit": "kelvin"},
+        {**sent[0], "id": "too-hot", "value": 500.0},
+        {**sent[0], "id": "voltage", "metric": "voltage"},
+        {key: v for key, v in sent[0].items() if key != "time"} | {"id": "no-time"},
+        late,
+        b"{not a reading",
+    ]
+    first = 0
+    while first < 60:
+        # Until the model is read (readings scored without one count too).
+        send_json(kafka, raw, sent[first : first + 1], key="device")
+        first += 1
+        found = {s["id"]: s for s in topic_values(kafka, scores)}
+        if found.get(sent[first - 1]["id"], {}).get("model_version") == 1:
+            break
+    # The rest, the refused ones, and some sent twice; the last reading comes after all
+    # of them in the key's partition.
+    rest = sent[first:-1]
+    send_json(kafka, raw, [*rest[:10], *refused, *rest, *rest[:5], sent[-1]], key="device")
+    wait_for(
+        lambda: True if sent[-1]["id"] in {s["id"] for s in topic_values(kafka, scores)} else None,
+        timeout=120,
+        what="the last reading scored",
+    )
+    records = topic_values(kafka, scores)
+    assert cli("jobs", "stop", job).code == 0
+    ids = [s["id"] for s in records]
+    assert sorted(ids) == sorted(canonical), "each reading that cleaning passes, scored once"
+    scorer = Scorer(MODELS["forecast"])
+    params = json.loads(model["params"])
+    for s in records:
+        assert s["value"] == canonical[s["id"]]
+        assert s["time"].endswith("Z") and s["time"][:16] == times[s["id"]][:16]
+        expected = scorer.score(s["value"], params if s["model_version"] == 1 else None)
+        assert abs(s["score"] - expected) < 1e-9, (s, expected)

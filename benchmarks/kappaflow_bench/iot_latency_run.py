@@ -6,8 +6,8 @@ The application runs on topics of the run's own (``bench.latency.<run>.*``) as j
 ``kappaflow.iot.app:build``: cleaning, alerting and device state in one (``-P
 parts=clean,alerts,devices``), the trainer in another (``-P parts=train``), so that the
 trainer can be stopped while the rest runs on; the scorer is the real-time one, a job of
-its own (``kappaflow.iot.realtime:PIPELINE``, scorer ``realtime``), or the micro-batch
-part in the first job (scorer ``batch``).
+its own (``kappaflow.iot.realtime:PIPELINE`` on the raw readings, scorer ``realtime``),
+or the micro-batch part in the first job (scorer ``batch``).
 
 The generator is the simulator's fleet (``kappaflow.iot.simulator``: its values, with
 anomalies often enough that alerts come within the run), advanced to the wall clock in
@@ -273,6 +273,9 @@ class LatencyRun:
         self.app, self.trainer = f"bench-latency-{run_id}", f"bench-latency-{run_id}-train"
         self.scoring = f"bench-latency-{run_id}-score" if scorer == "realtime" else None
         scoring = {"source": t["telemetry.clean"], "models": t["models"], "dest": t["scores"]}
+        if self.scoring:
+            # Raw readings, scored as they reach Kafka, as the cleaning job would pass them.
+            scoring.update(source=t["telemetry.raw"], readings="raw")
         self.params = {
             self.app: {
                 "parts": "clean,alerts,devices" if self.scoring else "clean,score,alerts,devices",

@@ -23,14 +23,9 @@ from kappaflow.counting.job import event_type
 from kappaflow.counting.spec import CountSpec
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.kafka_io import read_stream, write_stream
-from kappaflow.spark.session import real_time_spark
+from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
 from kappaflow.streams.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
-
-#: How long a real-time batch runs before Spark checkpoints its offsets and state. Each
-#: new batch restarts the long-running tasks, which stalls output for seconds, so batches
-#: are long; a restarted job re-reads at most this much (at least once).
-CHECKPOINT_INTERVAL = "5 minutes"
 
 
 def slots_needed(partitions: int) -> int:

@@ -107,7 +107,7 @@ def first_sends(
         ctx.state.ids = {i: t for i, t in seen.items() if t >= horizon}
 
 
-def _units() -> tuple[Column, Column, Column, Column]:
+def canonical_units() -> tuple[Column, Column, Column, Column]:
     """Per metric: whether a reading's unit is its metric's, the value in the canonical
     unit, the canonical unit, and whether that value is in the sensor's range."""
     metric, unit, value = F.col("metric"), F.col("unit"), F.col("value")
@@ -152,7 +152,7 @@ def _off(ms: Column, way: str, limit: str) -> Column:
     return F.concat(F.lit("time "), stamp, F.lit(" is "), _span(ms), told)
 
 
-def _ms(duration: str) -> int:
+def duration_ms(duration: str) -> int:
     return int(parse_duration(duration) / timedelta(milliseconds=1))
 
 
@@ -168,7 +168,7 @@ def build(job: kf.Job) -> None:
     # stays out of the readings, and ``registered`` goes once the rules are checked.
     registry = job.table(job.param("registry", REGISTRY_TOPIC), Device, key="device")
     registered = registry.select("registered")
-    known_unit, canonical, canonical_unit, in_range = _units()
+    known_unit, canonical, canonical_unit, in_range = canonical_units()
     max_ahead = job.param("max_ahead", MAX_AHEAD)
     max_behind = job.param("max_behind", MAX_BEHIND)
     # How far a reading's time is after it was written to Kafka (negative: before).
@@ -181,8 +181,10 @@ def build(job: kf.Job) -> None:
             F.col("registered").isNull(),
             F.concat(F.lit("unknown device '"), F.col("device"), F.lit("'")),
         )
-        .when(ahead > _ms(max_ahead), _off(ahead, "after", f"at most {max_ahead} ahead"))
-        .when(-ahead > _ms(max_behind), _off(-ahead, "before", f"at most {max_behind} behind"))
+        .when(ahead > duration_ms(max_ahead), _off(ahead, "after", f"at most {max_ahead} ahead"))
+        .when(
+            -ahead > duration_ms(max_behind), _off(-ahead, "before", f"at most {max_behind} behind")
+        )
         .when(
             ~metric.isin([m.name for m in METRICS]),
             F.concat(F.lit("unknown metric '"), metric, F.lit("'")),

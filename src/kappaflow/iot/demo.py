@@ -66,7 +66,8 @@ STATUS, REGISTRY, DLQ = (
 )
 #: The application as two jobs: ``kappaflow.iot.app`` runs the cleaning, training,
 #: alerting and device-state streams in one Spark driver (with its parts' parameters), and
-#: the real-time scorer (``kappaflow.iot.realtime``) scores each clean reading as it comes.
+#: the real-time scorer (``kappaflow.iot.realtime``) scores each raw reading the cleaning
+#: job would pass, milliseconds after it reaches Kafka.
 JOB, SCORER = "demo-iot", "demo-iot-score"
 PARAMS = {
     "parts": "clean,train,alerts,devices",
@@ -81,7 +82,7 @@ PARAMS = {
     "devices.source": CLEAN,
     "devices.status": STATUS,
 }
-SCORER_PARAMS = {"source": CLEAN, "models": MODELS, "dest": SCORES}
+SCORER_PARAMS = {"readings": "raw", "source": RAW, "models": MODELS, "dest": SCORES}
 JOBS: tuple[tuple[str, str, dict[str, str]], ...] = (
     (JOB, "kappaflow.iot.app:build", PARAMS),
     (SCORER, "kappaflow.iot.realtime:PIPELINE", SCORER_PARAMS),

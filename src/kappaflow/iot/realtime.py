@@ -4,6 +4,17 @@ Start it as a job of its own, beside (or instead of) the micro-batch scorer::
 
     kappaflow jobs start iot-score-rt --app kappaflow.iot.realtime:PIPELINE \\
         [-P source=telemetry.clean] [-P models=models] [-P dest=scores] [-P model=forecast]
+        [-P readings=clean|raw]
+
+With ``-P readings=raw`` it reads the devices' raw readings (``telemetry.raw`` by
+default) instead of the cleaning job's output, so that a reading is scored milliseconds
+after it reaches Kafka rather than after the cleaning job's micro-batch: it passes over
+what the cleaning job refuses for its content (a metric, unit or range it does not know,
+a time too far from its logging, a record that does not parse; the cleaning job
+dead-letters those), scores the value in its canonical unit, and scores a reading sent
+twice once (the key's ids of the last ``DEDUP_MS``, of processing time). It does not
+read the device registry: a reading of a device the cleaning job does not know is
+scored.
 
 Real-time mode runs long batches whose tasks hand each record on as it comes, but it
 takes no Python operator (docs/iot.md), so the per-key scoring runs on the JVM:
@@ -31,20 +42,34 @@ from datetime import timedelta
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
-from kappaflow.counting.realtime import CHECKPOINT_INTERVAL
 from kappaflow.errors import InvalidParameterError, SetupError
 from kappaflow.install.scorer import scorer_jar
-from kappaflow.iot.clean import CLEAN_TOPIC
+from kappaflow.iot.clean import (
+    CLEAN_TOPIC,
+    DEDUP_MS,
+    MAX_AHEAD,
+    MAX_BEHIND,
+    canonical_units,
+    duration_ms,
+)
 from kappaflow.iot.models import DEFAULT_MODEL
 from kappaflow.iot.score import SCORES_TOPIC
+from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
 from kappaflow.iot.train import FORGET_AFTER, MODELS_TOPIC
 from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
-from kappaflow.spark.session import real_time_spark
+from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
 from kappaflow.timeutil import parse_duration
 
 #: The part whose driver runs the query.
@@ -57,7 +82,18 @@ _READING = StructType(
         StructField("device", StringType()),
         StructField("metric", StringType()),
         StructField("value", DoubleType()),
+        StructField("unit", StringType()),
         StructField("time", StringType()),
+        StructField("id", StringType()),
+    ]
+)
+_RAW = StructType(
+    [
+        StructField("device", StringType()),
+        StructField("metric", StringType()),
+        StructField("value", DoubleType()),
+        StructField("unit", StringType()),
+        StructField("time", TimestampType()),
         StructField("id", StringType()),
     ]
 )
@@ -72,9 +108,16 @@ _MODEL = StructType(
 )
 
 
+def _from_raw(params: Mapping[str, str]) -> bool:
+    readings = params.get("readings", "clean")
+    if readings not in ("clean", "raw"):
+        raise InvalidParameterError(f"readings {readings!r}: the readings are clean or raw")
+    return readings == "raw"
+
+
 def _topics(params: Mapping[str, str]) -> tuple[str, str, str]:
     return (
-        params.get("source", CLEAN_TOPIC),
+        params.get("source", READINGS_TOPIC if _from_raw(params) else CLEAN_TOPIC),
         params.get("models", MODELS_TOPIC),
         params.get("dest", SCORES_TOPIC),
     )
@@ -108,53 +151,105 @@ def _needs_jar(settings: Settings) -> None:
 def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     # Refused in the job's main driver, before a part's driver starts.
     _family(params)
+    _from_raw(params)
     _needs_jar(settings)
     slots, _ = _slots(settings, params)
     return [Part(PART, real_time_spark(settings, slots))]
 
 
-def rows(raw: DataFrame, models: str) -> DataFrame:
+def rows(
+    raw: DataFrame,
+    models: str,
+    *,
+    from_raw: bool = False,
+    max_ahead: str = MAX_AHEAD,
+    max_behind: str = MAX_BEHIND,
+) -> DataFrame:
     """Kafka records of the readings' topic and of ``models`` as the JVM scorer's input:
     one row each, with its ``kind`` (``reading``, ``model``, ``bad`` with the ``reason``,
-    or ``tombstone``) and the ``key`` ``[device, metric]`` as JSON."""
-    text = F.col("value").cast("string")
+    ``tombstone``, or ``refused``) and the ``key`` ``[device, metric]`` as JSON.
+
+    ``from_raw``: the readings are raw (``telemetry.raw``); a reading the cleaning job
+    refuses for its content (its metric, unit, range, or its time against its logging)
+    is ``refused``, and one that does not parse too (the cleaning job dead-letters both);
+    a value becomes its metric's canonical unit as cleaning makes it."""
     is_model = F.col("topic") == F.lit(models)
-    reading = F.from_json(text, _READING)
-    model = F.from_json(text, _MODEL)
+    text = F.col("value").cast("string")
+    staged = raw.select(
+        F.col("topic").alias("src_topic"),
+        F.col("partition").alias("src_partition"),
+        F.col("offset").alias("src_offset"),
+        F.col("timestamp").alias("logged"),
+        F.col("value").alias("bytes"),
+        is_model.alias("is_model"),
+        F.from_json(text, _RAW if from_raw else _READING).alias("reading"),
+        F.from_json(text, _MODEL).alias("update"),
+    )
+    reading, model = F.col("reading"), F.col("update")
+    staged = staged.select(
+        "*",
+        reading["metric"].alias("metric"),
+        reading["unit"].alias("unit"),
+        reading["value"].alias("value"),
+    )
+    model_rows = F.col("is_model")
 
-    def field(name: str, kind: str) -> Column:
-        return F.when(is_model, model[name]).otherwise(reading[name]).cast(kind)
+    def field(name: str) -> Column:
+        return F.when(model_rows, model[name]).otherwise(reading[name]).cast("string")
 
-    device, metric = field("device", "string"), field("metric", "string")
+    device, metric = field("device"), field("metric")
     unparsed = device.isNull() | metric.isNull()
     bad_reading = unparsed | reading["value"].isNull() | reading["id"].isNull()
     bad_model = unparsed | model["version"].isNull() | model["model"].isNull()
+    value, time = reading["value"], reading["time"]
+    refused = F.lit(False)
+    if from_raw:
+        known_unit, canonical, _unit, in_range = canonical_units()
+        # As the cleaning job judges: the time against the record's logging, in ms.
+        ahead = F.unix_millis(reading["time"]) - F.unix_millis(F.col("logged"))
+        refused = (
+            bad_reading
+            | reading["time"].isNull()
+            | ~F.col("metric").isin([m.name for m in METRICS])
+            | ~known_unit
+            | ~in_range
+            | (ahead > duration_ms(max_ahead))
+            | (-ahead > duration_ms(max_behind))
+        )
+        bad_reading = F.lit(False)
+        value = F.round(canonical, 3)
+        time = F.date_format(reading["time"], "yyyy-MM-dd'T'HH:mm:ss.SSSXXX")
     kind = (
-        F.when(F.col("value").isNull(), F.lit("tombstone"))
-        .when(is_model & bad_model, F.lit("bad"))
-        .when(~is_model & bad_reading, F.lit("bad"))
-        .when(is_model, F.lit("model"))
+        F.when(F.col("bytes").isNull(), F.lit("tombstone"))
+        .when(model_rows & bad_model, F.lit("bad"))
+        .when(~model_rows & refused, F.lit("refused"))
+        .when(~model_rows & bad_reading, F.lit("bad"))
+        .when(model_rows, F.lit("model"))
         .otherwise(F.lit("reading"))
     )
-    schema = F.when(is_model, F.lit("ModelUpdate")).otherwise(F.lit("CleanReading"))
+    schema = F.when(model_rows, F.lit("ModelUpdate")).otherwise(
+        F.lit("RawReading" if from_raw else "CleanReading")
+    )
     reason = F.concat(F.lit("not a "), schema, F.lit(" record"))
-    return raw.select(
-        F.when(kind == "bad", F.lit("")).otherwise(F.to_json(F.array(device, metric))).alias("key"),
+    return staged.select(
+        F.when(kind.isin("bad", "refused"), F.lit(""))
+        .otherwise(F.to_json(F.array(device, metric)))
+        .alias("key"),
         kind.alias("kind"),
         reason.alias("reason"),
         schema.alias("schema"),
         device.alias("device"),
         metric.alias("metric"),
-        reading["value"].alias("value"),
-        reading["time"].alias("time"),
+        value.cast("double").alias("value"),
+        time.cast("string").alias("time"),
         reading["id"].alias("id"),
         model["model"].alias("model"),
         model["version"].alias("version"),
         model["params"].alias("params"),
-        F.col("topic").alias("src_topic"),
-        F.col("partition").alias("src_partition"),
-        F.col("offset").alias("src_offset"),
-        F.base64(F.col("value")).alias("value_base64"),
+        "src_topic",
+        "src_partition",
+        "src_offset",
+        F.base64(F.col("bytes")).alias("value_base64"),
     )
 
 
@@ -176,13 +271,19 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     # A query copies the session's settings when it starts; put the default back after.
     spark.conf.set("spark.sql.shuffle.partitions", str(state_partitions))
     try:
+        from_raw = _from_raw(ctx.params)
+        read = read_stream(spark, settings, f"{source},{models}")
+        limits = {
+            k: ctx.param(k, d) for k, d in (("max_ahead", MAX_AHEAD), ("max_behind", MAX_BEHIND))
+        }
         scored = jvm.io.kappaflow.iot.RealtimeScoring.apply(
-            rows(read_stream(spark, settings, f"{source},{models}"), models)._jdf,
+            rows(read, models, from_raw=from_raw, **limits)._jdf,
             dest,
             dead_letters,
             ctx.name,
             model,
             ttl_ms,
+            DEDUP_MS if from_raw else 0,
         )
         out = DataFrame(scored.toDF(), spark).select(
             F.col("_1").alias("topic"), F.col("_2").alias("key"), F.col("_3").alias("value")

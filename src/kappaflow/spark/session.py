@@ -45,6 +45,10 @@ logger.tws.level = error
 #: longer than that to fill, so every record would wait up to 50 ms on its way to the
 #: aggregation, which is most of a real-time query's latency budget.
 REAL_TIME_CONF = {"spark.shuffle.streaming.networkBufferMaxWaitTimeMs": "5"}
+#: How long a real-time batch runs before Spark checkpoints its offsets and state. Each
+#: new batch restarts the long-running tasks, which stalls output for seconds, so batches
+#: are long; a restarted job re-reads at most this much (at least once).
+CHECKPOINT_INTERVAL = "5 minutes"
 
 
 def real_time_spark(settings: Settings, slots: int) -> SettingsOverrides:

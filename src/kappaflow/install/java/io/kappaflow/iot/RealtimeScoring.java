@@ -9,6 +9,7 @@ import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.StatefulProcessor;
 import org.apache.spark.sql.streaming.TTLConfig;
@@ -21,10 +22,13 @@ import scala.jdk.javaapi.CollectionConverters;
 /**
  * The IoT scorer as a stateful processor on the JVM, which Spark runs in real-time mode.
  *
- * <p>Its input is one stream of clean readings and {@code models} records, keyed by the JSON
- * array {@code [device, metric]} (column {@code key}); {@code kind} says which a row is
- * ({@code reading}, {@code model}, {@code bad} for a record that did not parse, with its
- * {@code reason}, or anything else for a row to pass over, such as a tombstone). Per key it keeps the newest parameters it was given and the scorer's memory;
+ * <p>Its input is one stream of readings and {@code models} records, keyed by the JSON array
+ * {@code [device, metric]} (column {@code key}); {@code kind} says which a row is ({@code
+ * reading}, {@code model}, {@code bad} for a record that did not parse, with its {@code reason},
+ * or anything else for a row to pass over, such as a tombstone or a raw reading the cleaning job
+ * refuses). With {@code dedupMs} above 0 (raw readings), a reading whose id the key scored in the
+ * last {@code dedupMs} is passed over. Per key it keeps the newest parameters it was given and
+ * the scorer's memory;
  * each reading's score goes out as it comes, as a {@code (topic, key, value)} row for Kafka; a
  * {@code models} record it cannot score with goes to the dead-letter topic with the reason and
  * its bytes, and the key keeps its last parameters.
@@ -39,7 +43,8 @@ public final class RealtimeScoring {
       String deadLetterTopic,
       String job,
       String defaultFamily,
-      long ttlMs) {
+      long ttlMs,
+      long dedupMs) {
     if (SeriesScorer.family(defaultFamily) == null) {
       throw new IllegalArgumentException(
           "the real-time scorer scores the forecast and robust families, not " + defaultFamily);
@@ -47,9 +52,9 @@ public final class RealtimeScoring {
     return input
         .groupByKey((MapFunction<Row, String>) r -> r.getAs("key"), Encoders.STRING())
         .transformWithState(
-            new Processor(scoresTopic, deadLetterTopic, job, defaultFamily, ttlMs),
+            new Processor(scoresTopic, deadLetterTopic, job, defaultFamily, ttlMs, dedupMs),
             // State that expires is timed by processing time: Spark's TTL needs that mode.
-            ttlMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(),
+            ttlMs > 0 || dedupMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(),
             OutputMode.Update(),
             Encoders.tuple(Encoders.STRING(), Encoders.STRING(), Encoders.STRING()));
   }
@@ -60,18 +65,27 @@ public final class RealtimeScoring {
     private final String job;
     private final String defaultFamily;
     private final long ttlMs;
+    private final long dedupMs;
     private transient ValueState<String> memory;
     private transient ValueState<String> params;
     private transient ValueState<Long> version;
     private transient ValueState<String> run;
     private transient ValueState<Long> seq;
+    private transient MapState<String, Boolean> sent;
 
-    Processor(String scoresTopic, String deadLetterTopic, String job, String defaultFamily, long ttlMs) {
+    Processor(
+        String scoresTopic,
+        String deadLetterTopic,
+        String job,
+        String defaultFamily,
+        long ttlMs,
+        long dedupMs) {
       this.scoresTopic = scoresTopic;
       this.deadLetterTopic = deadLetterTopic;
       this.job = job;
       this.defaultFamily = defaultFamily;
       this.ttlMs = ttlMs;
+      this.dedupMs = dedupMs;
     }
 
     @Override
@@ -82,6 +96,11 @@ public final class RealtimeScoring {
       version = getHandle().getValueState("version", Encoders.LONG(), ttl);
       run = getHandle().getValueState("run", Encoders.STRING(), ttl);
       seq = getHandle().getValueState("seq", Encoders.LONG(), ttl);
+      if (dedupMs > 0) {
+        // The ids of the key's readings scored in the last dedupMs (of processing time).
+        TTLConfig recent = TTLConfig.apply(Duration.ofMillis(dedupMs));
+        sent = getHandle().getMapState("sent", Encoders.STRING(), Encoders.BOOLEAN(), recent);
+      }
     }
 
     @Override
@@ -118,6 +137,14 @@ public final class RealtimeScoring {
             current = Params.parse(text);
             known = given;
           } else if ("reading".equals(kind)) {
+            if (sent != null) {
+              // A reading sent twice (raw readings: the cleaning job's dedup) is scored once.
+              String id = r.getAs("id");
+              if (sent.containsKey(id)) {
+                continue;
+              }
+              sent.updateValue(id, true);
+            }
             SeriesScorer.Family family =
                 SeriesScorer.family(current != null ? current.model : defaultFamily);
             if (scorer == null || scorer.family() != family) {

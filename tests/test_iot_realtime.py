@@ -203,7 +203,7 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
     canonical = {r["id"]: round(v, 3) for r, v in zip(sent, history[300:], strict=True)}
     times = {r["id"]: r["time"] for r in sent}
     late = {**sent[0], "id": "far-future", "time": "2031-01-01T00:00:00+00:00"}
-    refused = [
+    refused: list[dict[str, Any] | bytes] = [
         {**sent[0], "id": "kelvin", "unit": "kelvin"},
         {**sent[0], "id": "too-hot", "value": 500.0},
         {**sent[0], "id": "voltage", "metric": "voltage"},

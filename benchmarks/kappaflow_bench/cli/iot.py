@@ -306,7 +306,7 @@ def iot_latency(
         realtime, batch = results["realtime"], results["batch"]
         for ours, theirs in zip(realtime.windows, batch.windows, strict=True):
             figures = [
-                f"{name} {a / b:.3f}"
+                f"{name} {a / b:.3g}"
                 for name, a, b in (
                     ("score p50", ours.to_score_p50_ms, theirs.to_score_p50_ms),
                     ("score p99", ours.to_score_p99_ms, theirs.to_score_p99_ms),

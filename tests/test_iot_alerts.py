@@ -139,3 +139,21 @@ def test_open_alerts_are_kept_in_redis_on_the_broker(
         if a["device"] == "d1" and a["time"].startswith("2026-11-20T00:0")
     ]
     assert ("anomaly", "raised") in statuses and ("anomaly", "resolved") in statuses
+
+
+def test_a_long_batch_out_of_order_loses_no_reading_and_judges_each_once() -> None:
+    w = alerts.Watch()
+    count = alerts.GAPS_KEPT + 500
+
+    def scored_at(seq: int) -> alerts.Scored:
+        at = START + timedelta(seconds=seq)
+        return alerts.Scored("d1", "cpu_temp", 50.0, at, f"d1/{seq}", 0.1, "d1/1", seq)
+
+    # A key's first reading held back behind more than GAPS_KEPT of those after it.
+    events = [scored_at(seq) for seq in range(2, count + 1)] + [scored_at(1)]
+    judged = [e.seq for e in events if not alerts._again(w, e, 1)]
+    alerts._advance(w, alerts.GAPS_KEPT)
+    assert judged == [*range(2, count + 1), 1]
+    assert (w.judged, w.above) == (count, [])
+    # The same batch scored again: nothing judged twice.
+    assert [e.seq for e in events if not alerts._again(w, e, 1)] == []

@@ -8,6 +8,7 @@ import base64
 import json
 import uuid
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from conftest import RunCli, error_line
@@ -202,12 +203,18 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
             r.update(value=r["value"] * 9 / 5 + 32, unit="fahrenheit")
     canonical = {r["id"]: round(v, 3) for r, v in zip(sent, history[300:], strict=True)}
     times = {r["id"]: r["time"] for r in sent}
+    # A time in epoch milliseconds, as the cleaning job's parser takes it.
+    sent[-1]["time"] = int(datetime.fromisoformat(sent[-1]["time"]).timestamp() * 1000)
     late = {**sent[0], "id": "far-future", "time": "2031-01-01T00:00:00+00:00"}
     refused: list[dict[str, Any] | bytes] = [
         {**sent[0], "id": "kelvin", "unit": "kelvin"},
         {**sent[0], "id": "too-hot", "value": 500.0},
         {**sent[0], "id": "voltage", "metric": "voltage"},
         {key: v for key, v in sent[0].items() if key != "time"} | {"id": "no-time"},
+        {key: v for key, v in sent[0].items() if key != "seq"} | {"id": "no-seq"},
+        {**sent[0], "id": "no-unit", "unit": None},
+        {**sent[0], "id": 7},
+        {**sent[0], "id": "no-zone", "time": "2026-11-20T05:00:00"},
         late,
         b"{not a reading",
     ]

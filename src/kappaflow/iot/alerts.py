@@ -116,11 +116,16 @@ def _again(w: Watch, e: Scored, first: int) -> bool:
         return True
     w.above.append(e.seq)
     w.above.sort()
-    # A number that never comes (a score the job could not read) holds back no more than
-    # GAPS_KEPT of those above it.
-    while w.above and (w.above[0] == w.judged + 1 or len(w.above) > GAPS_KEPT):
-        w.judged = w.above.pop(0)
+    _advance(w)
     return False
+
+
+def _advance(w: Watch, keep: int | None = None) -> None:
+    """Move ``judged`` over the numbers judged in a row; with ``keep``, also over the
+    lowest of ``above`` until no more than ``keep`` remain (a number that never comes, a
+    score the job could not read, holds back no more than that many)."""
+    while w.above and (w.above[0] == w.judged + 1 or (keep is not None and len(w.above) > keep)):
+        w.judged = w.above.pop(0)
 
 
 def _raise(w: Watch, e: Scored, rule: str, reason: str, score: float | None = None) -> Alert:
@@ -174,6 +179,8 @@ def watch(
             yield _raise(w, e, "rate", f"moved {moved:.3g} within a minute (limit {limit:g})")
         elif moved <= limit and "rate" in w.open:
             yield _resolve(w, e, "rate", f"moved {moved:.3g}, within {limit:g}")
+    # Once the batch is judged: a number that came out of order within it is not lost.
+    _advance(w, GAPS_KEPT)
 
 
 @watch.on_timer

@@ -37,6 +37,7 @@ driver of its own (a part) with exactly those slots on a local master.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from datetime import timedelta
 
 from pyspark.sql import Column, DataFrame
@@ -48,7 +49,6 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
-    TimestampType,
 )
 
 from kappaflow.errors import InvalidParameterError, SetupError
@@ -58,6 +58,7 @@ from kappaflow.iot.clean import (
     DEDUP_MS,
     MAX_AHEAD,
     MAX_BEHIND,
+    RawReading,
     canonical_units,
     duration_ms,
 )
@@ -70,6 +71,8 @@ from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
+from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.schema import compile_schema
 from kappaflow.timeutil import parse_duration
 
 #: The part whose driver runs the query.
@@ -84,16 +87,6 @@ _READING = StructType(
         StructField("value", DoubleType()),
         StructField("unit", StringType()),
         StructField("time", StringType()),
-        StructField("id", StringType()),
-    ]
-)
-_RAW = StructType(
-    [
-        StructField("device", StringType()),
-        StructField("metric", StringType()),
-        StructField("value", DoubleType()),
-        StructField("unit", StringType()),
-        StructField("time", TimestampType()),
         StructField("id", StringType()),
     ]
 )
@@ -169,21 +162,36 @@ def rows(
     one row each, with its ``kind`` (``reading``, ``model``, ``bad`` with the ``reason``,
     ``tombstone``, or ``refused``) and the ``key`` ``[device, metric]`` as JSON.
 
-    ``from_raw``: the readings are raw (``telemetry.raw``); a reading the cleaning job
-    refuses for its content (its metric, unit, range, or its time against its logging)
-    is ``refused``, and one that does not parse too (the cleaning job dead-letters both);
+    ``from_raw``: the readings are raw (``telemetry.raw``), parsed as the cleaning job's
+    source parses them (``RawReading``, the job API's parser); a reading that does not
+    parse, or that the cleaning job refuses for its content (its metric, unit, range, or
+    its time against its logging), is ``refused`` (the cleaning job dead-letters them);
     a value becomes its metric's canonical unit as cleaning makes it."""
-    is_model = F.col("topic") == F.lit(models)
-    text = F.col("value").cast("string")
-    staged = raw.select(
-        F.col("topic").alias("src_topic"),
-        F.col("partition").alias("src_partition"),
-        F.col("offset").alias("src_offset"),
-        F.col("timestamp").alias("logged"),
-        F.col("value").alias("bytes"),
-        is_model.alias("is_model"),
-        F.from_json(text, _RAW if from_raw else _READING).alias("reading"),
-        F.from_json(text, _MODEL).alias("update"),
+    if from_raw:
+        parsed = parse_records(raw, compile_schema(RawReading), time="time", keys=["device"])
+        source = parsed.select(
+            F.col("_kf_topic").alias("src_topic"),
+            F.col("_kf_partition").alias("src_partition"),
+            F.col("_kf_offset").alias("src_offset"),
+            F.col("_kf_logged").alias("logged"),
+            F.col("_kf_value").alias("bytes"),
+            F.struct(*[f.name for f in fields(RawReading)]).alias("reading"),
+            F.col("_kf_reason").isNotNull().alias("unparsed"),
+        )
+    else:
+        source = raw.select(
+            F.col("topic").alias("src_topic"),
+            F.col("partition").alias("src_partition"),
+            F.col("offset").alias("src_offset"),
+            F.col("timestamp").alias("logged"),
+            F.col("value").alias("bytes"),
+            F.from_json(F.col("value").cast("string"), _READING).alias("reading"),
+            F.lit(False).alias("unparsed"),
+        )
+    staged = source.select(
+        "*",
+        (F.col("src_topic") == F.lit(models)).alias("is_model"),
+        F.from_json(F.col("bytes").cast("string"), _MODEL).alias("update"),
     )
     reading, model = F.col("reading"), F.col("update")
     staged = staged.select(
@@ -207,14 +215,16 @@ def rows(
         known_unit, canonical, _unit, in_range = canonical_units()
         # As the cleaning job judges: the time against the record's logging, in ms.
         ahead = F.unix_millis(reading["time"]) - F.unix_millis(F.col("logged"))
-        refused = (
-            bad_reading
-            | reading["time"].isNull()
+        # What cannot be judged (a null anywhere) is refused too.
+        refused = F.coalesce(
+            F.col("unparsed")
+            | bad_reading
             | ~F.col("metric").isin([m.name for m in METRICS])
             | ~known_unit
             | ~in_range
             | (ahead > duration_ms(max_ahead))
-            | (-ahead > duration_ms(max_behind))
+            | (-ahead > duration_ms(max_behind)),
+            F.lit(True),
         )
         bad_reading = F.lit(False)
         value = F.round(canonical, 3)

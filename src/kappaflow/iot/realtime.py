@@ -159,8 +159,9 @@ def rows(
     max_behind: str = MAX_BEHIND,
 ) -> DataFrame:
     """Kafka records of the readings' topic and of ``models`` as the JVM scorer's input:
-    one row each, with its ``kind`` (``reading``, ``model``, ``bad`` with the ``reason``,
-    ``tombstone``, or ``refused``) and the ``key`` ``[device, metric]`` as JSON.
+    one row each, with its ``kind`` (``reading``, ``model``, or ``bad`` with the
+    ``reason``) and the ``key`` ``[device, metric]`` as JSON; tombstones, and readings
+    ``refused``, are left out.
 
     ``from_raw``: the readings are raw (``telemetry.raw``), parsed as the cleaning job's
     source parses them (``RawReading``, the job API's parser); a reading that does not
@@ -241,10 +242,9 @@ def rows(
         F.lit("RawReading" if from_raw else "CleanReading")
     )
     reason = F.concat(F.lit("not a "), schema, F.lit(" record"))
-    return staged.select(
-        F.when(kind.isin("bad", "refused"), F.lit(""))
-        .otherwise(F.to_json(F.array(device, metric)))
-        .alias("key"),
+    # What the scorer passes over anyway stays out of the shuffle (one key for all of it).
+    return staged.where(~kind.isin("refused", "tombstone")).select(
+        F.when(kind == "bad", F.lit("")).otherwise(F.to_json(F.array(device, metric))).alias("key"),
         kind.alias("kind"),
         reason.alias("reason"),
         schema.alias("schema"),

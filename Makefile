@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
-.PHONY: setup test-setup demo test test-cluster test-peers check lint format bench bench-scale clean prereqs
+.PHONY: setup test-setup demo test test-long test-cluster test-peers check lint format bench bench-scale clean prereqs
 
 setup: $(VENV_STAMP)
 	@$(BIN)/kappaflow --state-dir $(STATE_DIR) setup
@@ -46,11 +46,18 @@ format: $(VENV_STAMP)
 	$(BIN)/ruff format src tests benchmarks examples conftest.py
 	$(BIN)/ruff check --fix src tests benchmarks examples conftest.py
 
-# Everything the README promises: unit and integration (real broker, Redis, Spark). The
-# benchmark's peer engines (Flink, Quix Streams) have a tier of their own, test-peers:
-# their end-to-end runs take minutes and install the peers on first use.
+# The unit and integration tests (real broker, Redis, Spark), in under 25 minutes on two
+# cores. Whole scenarios of a minute or more are test-long; clusters test-cluster; the
+# benchmark's peer engines (Flink, Quix Streams), whose end-to-end runs take minutes and
+# install the peers on first use, test-peers.
 test: test-setup lint
-	$(BIN)/pytest -m "not peers and not cluster" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -m "not peers and not cluster and not long" -n $(TEST_WORKERS) --dist loadfile
+
+# Whole scenarios of a minute or more each: jobs crashed at each step of a batch's writes,
+# a replay of the log, removed jobs, savepoints, HDFS, Spark through security, the
+# evaluation and the two demos. A tier of its own, which CI runs after make test (.ci/run).
+test-long: test-setup
+	$(BIN)/pytest -m "long and not cluster" -n $(TEST_WORKERS) --dist loadfile
 
 # Clusters on this machine, each test file starting its own and breaking it: three Kafka
 # brokers losing their leader, MirrorMaker failing over to a backup cluster, a Spark

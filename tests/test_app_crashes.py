@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from conftest import RunCli, error_line
 from live_jobs import send_json, topic_values
@@ -29,6 +30,8 @@ from test_app_jobs import (
     start,
     wait_totals,
 )
+
+pytestmark = pytest.mark.long
 
 #: Where this job crashes; the counting job's test crashes the same batch writer at the
 #: other steps after a write (test_count_recovery.py).

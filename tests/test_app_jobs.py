@@ -71,6 +71,7 @@ def start(cli: RunCli, job: str, topic: str, crash: str | None, record: Path) ->
     assert result.code == 0, result.err
 
 
+@pytest.mark.long
 def test_a_removed_job_begins_from_nothing(
     cli: RunCli,
     serving: Settings,

@@ -34,6 +34,7 @@ def hdfs(kafka: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield uri
 
 
+@pytest.mark.long
 def test_a_job_keeps_its_checkpoint_and_lake_on_hdfs(
     serving: Settings, spark: SparkSession, new_topic: Callable[..., str], hdfs: str
 ) -> None:

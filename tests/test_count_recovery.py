@@ -40,6 +40,8 @@ from test_counting import (
     wait_stats,
 )
 
+pytestmark = pytest.mark.long
+
 SUPPORT = Path(__file__).resolve().parent / "support"
 # A crash before a batch writes anything re-runs it like any other; the steps after a
 # write are where exactly-once could break. The counting job crashes after its serving

@@ -18,6 +18,7 @@ from kappaflow.settings import Settings
 
 # Starts services of its own.
 pytestmark = [
+    pytest.mark.long,
     pytest.mark.integration,
     pytest.mark.skipif(bool(EXTERNAL_KAFKA), reason="starts an embedded broker"),
 ]

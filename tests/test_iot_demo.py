@@ -22,6 +22,7 @@ from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
 
 pytestmark = [
+    pytest.mark.long,
     pytest.mark.integration,
     pytest.mark.skipif(bool(EXTERNAL_KAFKA), reason="starts services of its own"),
 ]

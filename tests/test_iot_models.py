@@ -158,6 +158,7 @@ def test_evaluate_refuses_a_file_without_the_header_in_one_line(
     assert result.code != 0 and "bad.csv:2" in result.err
 
 
+@pytest.mark.long
 def test_evaluate_through_kafka_and_the_jobs_scores_as_the_trainer_and_scorer_do_alone(
     kafka: Settings, tmp_path: Path
 ) -> None:

@@ -40,6 +40,8 @@ from kappaflow.settings import Settings
 from kappaflow.streams.app import start_app
 from kappaflow.streams.lake_read import read_arrow
 
+pytestmark = pytest.mark.long
+
 ENV = {
     "PYTHONPATH": os.pathsep.join(
         [str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")]

@@ -276,6 +276,7 @@ def test_redis_wants_the_password(secured: Settings) -> None:
     assert store.ping()
 
 
+@pytest.mark.long
 def test_a_spark_job_and_counting_run_through_security(secured: Settings) -> None:
     source, dest = (f"sec-{uuid.uuid4().hex[:8]}-{n}" for n in ("in", "out"))
     create_topic(secured.kafka, source, partitions=2)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 from conftest import RunCli
 from live_jobs import topic_values
@@ -28,6 +29,8 @@ from test_counting import (
     stats,
     wait_stats,
 )
+
+pytestmark = pytest.mark.long
 
 SESSIONS = ("--session-gap", "3s", "--watermark", "1s", "--allowed-lateness", "10s")
 

@@ -38,6 +38,7 @@ come; a key that sent nothing for ``FORGET_AFTER`` is forgotten with its open al
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -112,10 +113,13 @@ def _again(w: Watch, e: Scored, first: int) -> bool:
         return False
     if e.run != w.run:
         w.run, w.judged, w.above = e.run, first - 1, []
-    if e.seq <= w.judged or e.seq in w.above:
+    if e.seq <= w.judged:
         return True
-    w.above.append(e.seq)
-    w.above.sort()
+    # ``above`` stays sorted: a binary search, not a scan, for each reading.
+    at = bisect_left(w.above, e.seq)
+    if at < len(w.above) and w.above[at] == e.seq:
+        return True
+    w.above.insert(at, e.seq)
     _advance(w)
     return False
 
@@ -124,8 +128,14 @@ def _advance(w: Watch, keep: int | None = None) -> None:
     """Move ``judged`` over the numbers judged in a row; with ``keep``, also over the
     lowest of ``above`` until no more than ``keep`` remain (a number that never comes, a
     score the job could not read, holds back no more than that many)."""
-    while w.above and (w.above[0] == w.judged + 1 or (keep is not None and len(w.above) > keep)):
-        w.judged = w.above.pop(0)
+    n = 0
+    while n < len(w.above) and (
+        w.above[n] == w.judged + 1 or (keep is not None and len(w.above) - n > keep)
+    ):
+        w.judged = w.above[n]
+        n += 1
+    if n:
+        del w.above[:n]
 
 
 def _raise(w: Watch, e: Scored, rule: str, reason: str, score: float | None = None) -> Alert:

@@ -169,26 +169,20 @@ def rows(
     its time against its logging), is ``refused`` (the cleaning job dead-letters them);
     a value becomes its metric's canonical unit as cleaning makes it."""
     if from_raw:
-        parsed = parse_records(raw, compile_schema(RawReading), time="time", keys=["device"])
-        source = parsed.select(
-            F.col("_kf_topic").alias("src_topic"),
-            F.col("_kf_partition").alias("src_partition"),
-            F.col("_kf_offset").alias("src_offset"),
-            F.col("_kf_logged").alias("logged"),
-            F.col("_kf_value").alias("bytes"),
-            F.struct(*[f.name for f in fields(RawReading)]).alias("reading"),
-            F.col("_kf_reason").isNotNull().alias("unparsed"),
-        )
+        frame = parse_records(raw, compile_schema(RawReading), time="time", keys=["device"])
+        columns = ("_kf_topic", "_kf_partition", "_kf_offset", "_kf_logged", "_kf_value")
+        parsed = F.struct(*[f.name for f in fields(RawReading)])
+        unparsed = F.col("_kf_reason").isNotNull()
     else:
-        source = raw.select(
-            F.col("topic").alias("src_topic"),
-            F.col("partition").alias("src_partition"),
-            F.col("offset").alias("src_offset"),
-            F.col("timestamp").alias("logged"),
-            F.col("value").alias("bytes"),
-            F.from_json(F.col("value").cast("string"), _READING).alias("reading"),
-            F.lit(False).alias("unparsed"),
-        )
+        frame, columns = raw, ("topic", "partition", "offset", "timestamp", "value")
+        parsed = F.from_json(F.col("value").cast("string"), _READING)
+        unparsed = F.lit(False)
+    names = ("src_topic", "src_partition", "src_offset", "logged", "bytes")
+    source = frame.select(
+        *[F.col(c).alias(n) for c, n in zip(columns, names, strict=True)],
+        parsed.alias("reading"),
+        unparsed.alias("unparsed"),
+    )
     staged = source.select(
         "*",
         (F.col("src_topic") == F.lit(models)).alias("is_model"),

@@ -87,7 +87,11 @@ def test_a_reading_scored_again_is_judged_once_even_out_of_order(spark: SparkSes
     # The reading of minute 5 came after that of minute 6: both are judged.
     swapped = [again(6, 6, 0.1), again(7, 5, 0.9)]
     calm = [again(seq, seq - 1, 0.1) for seq in range(8, 14)]
-    batches = [first, restarted, swapped, calm]
+    # 15 came before 14, which is still to come: scored again, it is not judged twice (16
+    # would be the third high score in a row).
+    ahead = [again(15, 14, 0.9)]
+    behind = [again(15, 14, 0.9), again(16, 15, 0.9)]
+    batches = [first, restarted, swapped, calm, ahead, behind]
     result = kf.testing.run(alerts.build, {"scores": batches}, spark=spark, name="alerts")
     seen = [(a["rule"], a["status"], a["time"][11:16]) for a in result.records("alerts")]
     # Three high scores in a row at minutes 3, 4, 5; five calm ones from minute 6 to 10.

@@ -45,6 +45,8 @@ import numpy.typing as npt
 import psutil
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPartition
 
+from kappaflow.iot.models import ALERT_SCORE
+from kappaflow.iot.models.base import WARMUP
 from kappaflow.kafka.clients import consumer
 from kappaflow.settings import KafkaSettings
 from kappaflow_bench.report import percentile
@@ -52,6 +54,9 @@ from kappaflow_bench.report import percentile
 PHASES = ("trainer running", "trainer stopped")
 #: A finished micro-batch, as a job's driver logs it (``kappaflow.jobs.runner``).
 _PROGRESS = re.compile(r"^progress (\S+) batch (\d+): (\d+) rows; ms ?([^;]*)")
+#: The share of the series whose models must have learnt their ``WARMUP`` readings
+#: before a window is measured.
+MATURE_SHARE = 0.95
 #: Alerts raised by a timer (no reading for a while) come when the watermark passes,
 #: a minute behind the newest reading: not a reading's latency, counted apart.
 TIMER_RULES = ("no_data",)
@@ -147,6 +152,11 @@ class LatencyBenchResult:
     #: was asked (negative: before).
     trainer_stop_s: float = 0.0
     last_model_update_after_stop_s: float | None = None
+    #: Seconds from the first model update until ``MATURE_SHARE`` of the series had a
+    #: model that has learnt its ``WARMUP`` readings (a model short of them scores 0).
+    models_mature_s: float = 0.0
+    #: Scores at or above the alerting job's ``ALERT_SCORE``, over the whole run.
+    scores_high: int = 0
     #: Seconds from the generator's stop until every reading had its score (or the
     #: wait's end).
     drain_s: float = 0.0
@@ -171,7 +181,8 @@ def watch(
     kafka: KafkaSettings, topics: tuple[str, str, str], path: str, stop: Any, seen: Any
 ) -> None:
     """Read ``scores``, ``alerts`` and ``models`` from their beginning until ``stop`` is
-    set, a CSV line a record into ``path``; ``seen`` counts the records read of each."""
+    set, a CSV line a record into ``path``; ``seen`` counts the records read of each, and
+    then the series whose latest model has learnt ``WARMUP`` readings."""
     scores, alerts, models = topics
     # No long wait for a fuller fetch: a record is read within milliseconds of its commit.
     reader = consumer(kafka, **{"enable.partition.eof": False, "fetch.wait.max.ms": 20})
@@ -180,7 +191,8 @@ def watch(
         partitions = reader.list_topics(topic, timeout=kafka.timeout_s).topics[topic].partitions
         assigned += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions]
     reader.assign(assigned)
-    counts = [0, 0, 0]
+    counts = [0, 0, 0, 0]
+    learnt: dict[str, int] = {}
     try:
         with open(path, "w") as out:
             while not stop.is_set():
@@ -194,6 +206,10 @@ def watch(
                     if source == models:
                         out.write(f"m,{log_ms},{read_ms}\n")
                         counts[2] += 1
+                        update = json.loads(m.value() or b"{}")
+                        learnt[f"{update['device']}/{update['metric']}"] = update["learnt"]
+                        counts[3] = sum(1 for n in learnt.values() if n >= WARMUP)
+                        seen[:] = counts
                         continue
                     if kind != TIMESTAMP_LOG_APPEND_TIME:
                         raise RuntimeError(f"{source!r} is not stamped with the log's clock")
@@ -203,7 +219,8 @@ def watch(
                         version = v.get("model_version")
                         version = "" if version is None else int(version)
                         series = f"{v['device']}/{v['metric']}"
-                        out.write(f"s,{log_ms},{read_ms},{event},{version},{series}\n")
+                        score = float(v["score"])
+                        out.write(f"s,{log_ms},{read_ms},{event},{version},{series},{score}\n")
                         counts[0] += 1
                     elif source == alerts:
                         out.write(f"a,{log_ms},{read_ms},{event},{v['rule']},{v['status']}\n")
@@ -224,6 +241,8 @@ class Records:
     alert_kinds: list[str]
     #: Model updates' log append times.
     models: Ints
+    #: Scores at or above ``ALERT_SCORE``.
+    high: int = 0
 
 
 def read_records(path: Path) -> Records:
@@ -232,9 +251,11 @@ def read_records(path: Path) -> Records:
     kinds: list[str] = []
     models: list[int] = []
     series: dict[str, int] = {}
+    high = 0
     with path.open(newline="") as lines:
         for row in csv.reader(lines):
             if row[0] == "s":
+                high += float(row[6]) >= ALERT_SCORE
                 version = int(row[4]) if row[4] else -1
                 index = series.setdefault(row[5], len(series))
                 scores.append((int(row[1]), int(row[2]), int(row[3]), version, index))
@@ -248,6 +269,7 @@ def read_records(path: Path) -> Records:
         alerts=np.array(alerts, dtype=np.int64).reshape(-1, 3),
         alert_kinds=kinds,
         models=np.array(models, dtype=np.int64),
+        high=high,
     )
 
 
@@ -544,6 +566,8 @@ def summary(result: LatencyBenchResult) -> str:
         "",
         f"The trainer took {result.trainer_stop_s:.1f} s to stop; its last model update was "
         f"{last}. Readings sent {result.readings_sent:,}, scored "
-        f"{result.readings_scored:,}; alerts {result.alerts}.",
+        f"{result.readings_scored:,} ({result.scores_high:,} at or above {ALERT_SCORE}); "
+        f"alerts {result.alerts}. The models of {MATURE_SHARE:.0%} of the series had learnt "
+        f"their {WARMUP} readings {result.models_mature_s:.1f} s after the first model update.",
     ]
     return "\n".join(lines) + "\n"

@@ -47,7 +47,7 @@ from kappaflow import services
 from kappaflow.errors import JobError, JobNotFoundError, ServiceExitedError
 from kappaflow.iot.registry import fleet_tokens, register
 from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
-from kappaflow.iot.telemetry import READINGS_TOPIC
+from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
 from kappaflow.jobs.manager import ACTIVE_STATES, START_TIMEOUT_S, JobManager, JobState
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.records import produce_with_retry
@@ -62,6 +62,7 @@ from kappaflow.settings import KafkaSettings, Settings, SettingsOverrides
 from kappaflow.streams.removal import remove_job
 from kappaflow.waiting import wait_for
 from kappaflow_bench.iot_latency import (
+    MATURE_SHARE,
     PHASES,
     TIMELINE_COLUMNS,
     LatencyBenchResult,
@@ -99,6 +100,8 @@ CHECK_S = 1.0
 #: Readings a second while the jobs start, and how long the app runs on them before
 #: the trainer starts (its queries' first batches: scores, then alerts).
 START_RATE, START_SETTLE_S = 100.0, 15.0
+#: How long the models may take to learn their warm-up (``MATURE_SHARE``).
+MATURE_TIMEOUT_S = 900.0
 
 
 # The generator.
@@ -378,12 +381,26 @@ class LatencyRun:
 
         wait_for(found, timeout=START_TIMEOUT_S, interval=0.5, what=what)
 
+    def wait_for_mature_models(self, timeout_s: float) -> float:
+        """Until ``MATURE_SHARE`` of the fleet's series have a model that has learnt its
+        ``WARMUP`` readings (one short of them scores every reading 0); the seconds it
+        took."""
+        series = len(self.fleet) * len(METRICS)
+        started = time.monotonic()
+
+        def mature() -> bool | None:
+            self.check()
+            return True if self._seen[3] >= MATURE_SHARE * series else None
+
+        wait_for(mature, timeout=timeout_s, interval=0.5, what="models that have learnt")
+        return time.monotonic() - started
+
     def _start_reader(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         # Spawned, not forked: this process has librdkafka's threads running.
         spawn = multiprocessing.get_context("spawn")
         self._stop_reader = spawn.Event()
-        self._seen = spawn.Array("q", 3)
+        self._seen = spawn.Array("q", 4)
         topics = (self.topics["scores"], self.topics["alerts"], self.topics["models"])
         self._reader = spawn.Process(
             target=watch,
@@ -566,9 +583,18 @@ def run(
         bench.wait_for_output(2, "the first model updates")
         bench.mark("trainer running")
         say(f"sending {rates[0]:,.0f} readings/s; warming up for {warmup_s:g} s")
+        bench.generator.rate = rates[0]
+        first_model = time.monotonic()
+        bench.hold(warmup_s)
+        # Measured on models that score: each series' model learns WARMUP readings first.
+        bench.wait_for_mature_models(MATURE_TIMEOUT_S)
+        bench.mark("models mature")
+        result.models_mature_s = round(time.monotonic() - first_model, 1)
+        say(f"models of {MATURE_SHARE:.0%} of the series mature after {result.models_mature_s:g} s")
         for i, rate in enumerate(rates):
             bench.generator.rate = rate
-            bench.hold(warmup_s if i == 0 else settle_s)
+            if i:
+                bench.hold(settle_s)
             measured.append(bench.measure(PHASES[0], rate, duration_s))
             say(f"{PHASES[0]}, {rate:,.0f}/s: measured")
         stop_asked_ms = int(time.time() * 1000)
@@ -594,6 +620,7 @@ def run(
     result.readings_sent = generator.acked
     result.readings_scored = len(records.scores)
     result.alerts = dict(sorted(Counter(records.alert_kinds).items()))
+    result.scores_high = records.high
     if len(records.models):
         result.last_model_update_after_stop_s = round(
             (int(records.models.max()) - stop_asked_ms) / 1000, 1

@@ -228,7 +228,8 @@ def iot_ingest(
     default=90.0,
     show_default=True,
     type=click.FloatRange(min=0.0),
-    help="seconds sent before the first window (the models need ~30 readings a series)",
+    help="seconds sent before the first window, and then until 95%% of the series have a "
+    "model that has learnt its 30 readings (one that has not scores 0)",
 )
 @click.option(
     "--settle",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import statistics
 import threading
 import time
 from collections import deque
@@ -108,8 +109,12 @@ class Outputs:
     def lag_p50(self, window_s: float = 10.0) -> float | None:
         """The median event-to-score time of the scores seen in the last ``window_s``."""
         since = time.monotonic() - window_s
-        recent = sorted(lag for seen, lag in list(self.lags) if seen >= since)
-        return recent[len(recent) // 2] if recent else None
+        # Seen in order: what is older than the window goes from the left (the follower
+        # appends on the right meanwhile, which a deque allows).
+        while self.lags and self.lags[0][0] < since:
+            self.lags.popleft()
+        recent = [lag for _, lag in list(self.lags)]
+        return statistics.median_high(recent) if recent else None
 
     def take(self, topic: str, key: bytes, value: dict[str, Any], timestamp_ms: int) -> None:
         if topic == MODELS:

@@ -15,7 +15,7 @@ from conftest import RunCli, error_line
 from live_jobs import send_json, topic_values
 
 from kappaflow.iot.models import MODELS, Scorer
-from kappaflow.kafka.topics import create_topic
+from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 from test_iot_learning import noise, readings
@@ -246,3 +246,8 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
         assert s["time"].endswith("Z") and s["time"][:16] == times[s["id"]][:16]
         expected = scorer.score(s["value"], params if s["model_version"] == 1 else None)
         assert abs(s["score"] - expected) < 1e-9, (s, expected)
+    # Removed, the job takes its own topic with it, and leaves the topics it was given.
+    assert f"{job}.dlq" in {t["name"] for t in list_topics(kafka.kafka)}
+    assert cli("jobs", "remove", job).code == 0
+    left = {t["name"] for t in list_topics(kafka.kafka)}
+    assert f"{job}.dlq" not in left and {raw, models, scores} <= left

@@ -72,6 +72,7 @@ from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
 from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.removal import Resources, record_resources
 from kappaflow.streams.schema import compile_schema
 from kappaflow.timeutil import parse_duration
 
@@ -266,6 +267,8 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     _needs_jar(settings)
     source, models, dest = _topics(ctx.params)
     dead_letters = f"{ctx.name}.dlq"
+    # Before it is created: `kappaflow jobs remove` deletes the job's own topics it finds.
+    record_resources(settings.jobs_dir / ctx.name, Resources(topics=(dead_letters,)))
     for topic in (dest, dead_letters):
         create_topic(settings.kafka, topic, exist_ok=True)
     _, state_partitions = _slots(settings, ctx.params)

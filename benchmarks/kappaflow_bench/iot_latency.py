@@ -192,7 +192,8 @@ def watch(
         assigned += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions]
     reader.assign(assigned)
     counts = [0, 0, 0, 0]
-    learnt: dict[str, int] = {}
+    #: The series whose latest model has learnt its WARMUP readings.
+    mature: set[str] = set()
     try:
         with open(path, "w") as out:
             while not stop.is_set():
@@ -207,9 +208,12 @@ def watch(
                         out.write(f"m,{log_ms},{read_ms}\n")
                         counts[2] += 1
                         update = json.loads(m.value() or b"{}")
-                        learnt[f"{update['device']}/{update['metric']}"] = update["learnt"]
-                        counts[3] = sum(1 for n in learnt.values() if n >= WARMUP)
-                        seen[:] = counts
+                        key = f"{update['device']}/{update['metric']}"
+                        if update["learnt"] >= WARMUP:
+                            mature.add(key)
+                        else:
+                            mature.discard(key)
+                        counts[3] = len(mature)
                         continue
                     if kind != TIMESTAMP_LOG_APPEND_TIME:
                         raise RuntimeError(f"{source!r} is not stamped with the log's clock")

@@ -381,19 +381,16 @@ class LatencyRun:
 
         wait_for(found, timeout=START_TIMEOUT_S, interval=0.5, what=what)
 
-    def wait_for_mature_models(self, timeout_s: float) -> float:
+    def wait_for_mature_models(self, timeout_s: float) -> None:
         """Until ``MATURE_SHARE`` of the fleet's series have a model that has learnt its
-        ``WARMUP`` readings (one short of them scores every reading 0); the seconds it
-        took."""
+        ``WARMUP`` readings (one short of them scores every reading 0)."""
         series = len(self.fleet) * len(METRICS)
-        started = time.monotonic()
 
         def mature() -> bool | None:
             self.check()
             return True if self._seen[3] >= MATURE_SHARE * series else None
 
         wait_for(mature, timeout=timeout_s, interval=0.5, what="models that have learnt")
-        return time.monotonic() - started
 
     def _start_reader(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,19 @@ def test_a_spike_and_a_level_shift_score_high_and_the_rest_low() -> None:
     assert verdict.false_alarms <= 3, verdict.to_json()
 
 
+def test_the_forecaster_stays_fitted_over_a_long_series_of_noise() -> None:
+    # Its least-squares fit once lost the symmetry of its covariance to rounding after
+    # some 15,000 readings, and diverged: forecasts of thousands on a series around 50.
+    rng = np.random.default_rng(7)
+    values = [float(v) for v in 50.0 + rng.normal(0.0, 1.0, 20_000)]
+    trainer = MODELS["forecast"].trainer()
+    params = trainer.learn(values)
+    assert sum(abs(c) for c in params["coef"]) < 1.0
+    assert params["error_spread"] == pytest.approx(1.0, rel=0.2)
+    scores = replay(values, MODELS["forecast"], batch=512)
+    assert max(scores[100:]) < ALERT_SCORE
+
+
 def test_robust_statistics_find_a_spike_but_lag_a_daily_cycle() -> None:
     values = _daily(3000)
     values[1500] += 12.0

@@ -76,7 +76,10 @@ class ForecastTrainer(Trainer):
         px = self._p @ x
         gain = px / (_FORGET + float(x @ px))
         self.coef = self.coef + gain * clipped
-        self._p = (self._p - np.outer(gain, px)) / _FORGET
+        p = (self._p - np.outer(gain, px)) / _FORGET
+        # Rounding makes the covariance lose its symmetry, then its positive definiteness,
+        # and then the fit diverges: it is kept symmetric.
+        self._p = 0.5 * (p + p.T)
         trace = float(np.trace(self._p))
         if trace > _MAX_TRACE:
             # A series that stops moving (a stuck sensor) excites no direction: forgetting

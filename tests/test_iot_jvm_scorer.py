@@ -22,7 +22,7 @@ def _series() -> list[float]:
     values = _daily(3000, seed=21)
     rng = np.random.default_rng(4)
     for row in range(1000, 1003):
-        values[row] += 12.0  # a spike
+        values[row] += 20.0  # a spike, beyond the daily cycle's swing too
     for row in range(1500, 3000):
         values[row] += 6.0  # a level shift
     for row in range(2000, 2040):
@@ -83,6 +83,7 @@ def test_parameters_the_jvm_scorer_cannot_score_with_are_refused_with_the_reason
         "{not json": "params are not JSON text",
         json.dumps({**params, "model": "hst"}): "params name no model family known here",
         json.dumps({**params, "coef": [0.1]}): "params: $.coef does not hold 8 values",
+        json.dumps({**params, "tail": [2.0, 0.02]}): "params: $.tail does not hold 3 values",
         json.dumps({k: v for k, v in params.items() if k != "repeats"}): "$.repeats is not",
         json.dumps({**params, "coef": ["x"] * 8}): "params: $.coef is not array<double>",
         json.dumps({**params, "n": 99.5}): "params: $.n is not bigint",

@@ -48,6 +48,18 @@ def test_a_spike_and_a_level_shift_score_high_and_the_rest_low() -> None:
     assert verdict.false_alarms <= 3, verdict.to_json()
 
 
+def test_the_score_follows_the_tail_the_series_has_not_a_normal_one() -> None:
+    # Forecast errors with a heavy tail (Laplace noise): a normal tail fitted to their
+    # mean and spread put about 1% of these readings at the alert score.
+    rng = np.random.default_rng(3)
+    values = [float(v) for v in 50.0 + rng.laplace(0.0, 1.0, 20_000)]
+    values[15_000] += 25.0
+    scores = replay(values, MODELS["forecast"], batch=512)
+    quiet = [s for row, s in enumerate(scores) if row > 100 and row != 15_000]
+    assert sum(s >= ALERT_SCORE for s in quiet) / len(quiet) < 0.001
+    assert scores[15_000] >= ALERT_SCORE
+
+
 def test_the_forecaster_stays_fitted_over_a_long_series_of_noise() -> None:
     # Its least-squares fit once lost the symmetry of its covariance to rounding after
     # some 15,000 readings, and diverged: forecasts of thousands on a series around 50.

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Published parameters: JSON-ready, with ``model``, ``version``, ``n`` (readings learnt),
-#: ``surprise`` (mean and spread of the raw surprise seen in training) and ``repeats``
-#: (the share of readings equal to the one before) beside each model's own.
+#: ``surprise`` (mean and spread of the raw surprise seen in training), ``tail`` (where
+#: the surprise's upper tail begins, the share of readings in it and its scale) and
+#: ``repeats`` (the share of readings equal to the one before) beside each model's own.
 Params = dict[str, Any]
 
 #: Readings a model learns before its parameters score anything.
@@ -24,12 +25,32 @@ _REPEAT_RATE = 1.0 / 500.0
 MAX_CLIPPED = 3
 #: A value repeated this many times running is a stuck sensor, not a repeat.
 STUCK_RUN = 10
+#: The surprise's upper tail begins this many spreads above its mean; its share of the
+#: readings and the mean excess over that point are learnt (``Trainer._note_tail``), so
+#: that a score says how rare a surprise is on the series, whatever its tail's shape.
+TAIL_FROM = 2.0
+#: What the tail is taken to be before readings show it: a normal deviate's share above
+#: two spreads and its mean excess there (in units of a forecast error's spread), each
+#: counted as so many readings (``_WEIGHT``) seen.
+_TAIL_SHARE_PRIOR = 0.0228
+_TAIL_SCALE_PRIOR = 0.37
+_TAIL_SHARE_WEIGHT = 50
+_TAIL_SCALE_WEIGHT = 5
+#: How fast the tail's scale forgets (per reading in the tail) and how many scales an
+#: excess counts for at most (an anomaly learnt would widen the tail that judges the next).
+_TAIL_RATE = 1.0 / 100.0
+_TAIL_CAP = 6.0
 
 
 class Trainer(ABC):
     """Learns one series in order; ``params`` is what it would publish now."""
 
     name: str
+    # The tail as a trainer begins it; class-level too, so that a trainer pickled by a
+    # version without them (in a training job's state) goes on learning with them.
+    _tail_share = _TAIL_SHARE_PRIOR
+    _tail_scale = _TAIL_SCALE_PRIOR
+    _tail_seen = 0
 
     def __init__(self) -> None:
         self.n = 0
@@ -64,6 +85,7 @@ class Trainer(ABC):
         # a surprise is capped at six spreads above the mean before it is learnt.
         cap = self._surprise_mean + 6.0 * math.sqrt(self._surprise_var)
         raw = min(raw, cap)
+        self._note_tail(raw)
         self._surprises += 1
         # A running mean and variance at first (from a prior of 1 and 1), then forgetting.
         rate = max(_SURPRISE_RATE, 1.0 / (self._surprises + 1))
@@ -71,12 +93,28 @@ class Trainer(ABC):
         self._surprise_mean += rate * delta
         self._surprise_var = (1.0 - rate) * (self._surprise_var + rate * delta * delta)
 
+    def _tail_from(self) -> float:
+        return self._surprise_mean + TAIL_FROM * math.sqrt(self._surprise_var)
+
+    def _note_tail(self, raw: float) -> None:
+        """Learn whether ``raw`` is in the upper tail, and by how much (before the mean and
+        spread learn it, so that the tail is judged as the scorer would have judged it)."""
+        excess = raw - self._tail_from()
+        share_rate = max(_SURPRISE_RATE, 1.0 / (self._surprises + _TAIL_SHARE_WEIGHT))
+        self._tail_share += share_rate * ((1.0 if excess > 0 else 0.0) - self._tail_share)
+        if excess > 0:
+            excess = min(excess, _TAIL_CAP * self._tail_scale)
+            rate = max(_TAIL_RATE, 1.0 / (self._tail_seen + _TAIL_SCALE_WEIGHT))
+            self._tail_scale += rate * (excess - self._tail_scale)
+            self._tail_seen += 1
+
     def params(self) -> Params:
         return {
             "model": self.name,
             "version": self.version,
             "n": self.n,
             "surprise": [self._surprise_mean, math.sqrt(self._surprise_var)],
+            "tail": [self._tail_from(), self._tail_share, self._tail_scale],
             "repeats": self._repeats,
             **self.state(),
         }
@@ -121,6 +159,7 @@ SHAPE: Mapping[str, str] = {
     "$.version": "bigint",
     "$.n": "bigint",
     "$.surprise": "array<double>",
+    "$.tail": "array<double>",
     "$.repeats": "double",
 }
-LENGTHS: Mapping[str, int] = {"$.surprise": 2}
+LENGTHS: Mapping[str, int] = {"$.surprise": 2, "$.tail": 3}

@@ -11,6 +11,9 @@ public final class Params {
   public final long n;
   public final double surpriseMean;
   public final double surpriseSpread;
+  public final double tailStart;
+  public final double tailShare;
+  public final double tailScale;
   public final double repeats;
   final double level;
   final double spread;
@@ -29,6 +32,13 @@ public final class Params {
     }
     this.surpriseMean = surprise.get(0).asDouble();
     this.surpriseSpread = surprise.get(1).asDouble();
+    JsonNode tail = numbers(p, "tail");
+    if (tail.size() != 3) {
+      throw new IllegalArgumentException("params: $.tail does not hold 3 values");
+    }
+    this.tailStart = tail.get(0).asDouble();
+    this.tailShare = tail.get(1).asDouble();
+    this.tailScale = tail.get(2).asDouble();
     this.repeats = number(p, "repeats").doubleValue();
     boolean robust = "robust".equals(model);
     this.level = robust ? number(p, "level").doubleValue() : 0.0;

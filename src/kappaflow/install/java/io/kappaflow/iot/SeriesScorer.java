@@ -122,8 +122,7 @@ public final class SeriesScorer {
       for (double r : raw) {
         sum += r;
       }
-      double z = (sum / raw.size() - params.surpriseMean) / Math.max(params.surpriseSpread, TINY);
-      double tail = Math.max(0.5 * Erf.erfc(z / Math.sqrt(2.0)), MIN_TAIL);
+      double tail = Math.max(tailProbability(params, sum / raw.size()), MIN_TAIL);
       double score = Math.min(1.0, Math.max(0.0, -Math.log10(tail) / LOG_CAP));
       if (run >= STUCK_RUN && params.repeats < RARE_REPEATS) {
         score = Math.max(score, ALERT_SCORE);
@@ -132,6 +131,20 @@ public final class SeriesScorer {
     } finally {
       push(history, remembered, family.history);
     }
+  }
+
+  /**
+   * How often the trainer saw a raw surprise as large as {@code surprise}: above where its
+   * tail begins, the tail's share times an exponential fall with the tail's scale; below, a
+   * normal tail on the surprise's mean and spread, but no rarer than the tail's share.
+   */
+  static double tailProbability(Params params, double surprise) {
+    if (surprise > params.tailStart) {
+      return params.tailShare
+          * Math.exp(-(surprise - params.tailStart) / Math.max(params.tailScale, TINY));
+    }
+    double z = (surprise - params.surpriseMean) / Math.max(params.surpriseSpread, TINY);
+    return Math.max(0.5 * Erf.erfc(z / Math.sqrt(2.0)), params.tailShare);
   }
 
   private void push(ArrayDeque<Double> values, double value, int most) {

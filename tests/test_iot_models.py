@@ -128,6 +128,9 @@ def test_judge_counts_incidents_alarms_and_delays() -> None:
     scores[45] = 0.7  # a false alarm
     verdict = judge(scores, labels)
     assert (verdict.found, verdict.alarms, verdict.false_alarms) == (1, 2, 1)
+    # The incidents' own rows are their windows (longer than a tenth of the series over
+    # two incidents, five rows): 85 rows outside, one of them scored high.
+    assert (verdict.quiet_rows, verdict.false_rows) == (85, 1)
     assert verdict.delays == [3]
     assert verdict.recall == 0.5 and verdict.precision == 0.5
     assert 0.0 < verdict.nab_score < 50.0

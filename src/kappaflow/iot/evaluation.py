@@ -147,6 +147,10 @@ class Verdict:
     found: int = 0
     alarms: int = 0
     false_alarms: int = 0
+    #: Rows outside every incident's window, and those of them scored at or above the
+    #: threshold: how often a normal reading would raise a detection.
+    quiet_rows: int = 0
+    false_rows: int = 0
     #: Rows from each found incident's start to its first detection.
     delays: list[int] = field(default_factory=list)
     #: The Numenta-style score's raw sum and its null (nothing detected) and best values.
@@ -159,6 +163,8 @@ class Verdict:
         self.found += other.found
         self.alarms += other.alarms
         self.false_alarms += other.false_alarms
+        self.quiet_rows += other.quiet_rows
+        self.false_rows += other.false_rows
         self.delays += other.delays
         self.nab += other.nab
         self.nab_null += other.nab_null
@@ -191,6 +197,9 @@ class Verdict:
             "found": self.found,
             "alarms": self.alarms,
             "false_alarms": self.false_alarms,
+            "false_row_share": round(self.false_rows / self.quiet_rows, 6)
+            if self.quiet_rows
+            else None,
             "precision": round(self.precision, 4),
             "recall": round(self.recall, 4),
             "f1": round(self.f1, 4),
@@ -221,6 +230,11 @@ def judge(
         windows = []
     verdict.nab_null = -float(len(windows))
     verdict.nab_best = sum(_early_credit(w.start, w) for w in windows)
+    inside = [False] * len(scores)
+    for w in windows:
+        inside[w.start : w.end] = [True] * (min(w.end, len(scores)) - w.start)
+    verdict.quiet_rows = inside.count(False)
+    verdict.false_rows = sum(s >= threshold and not i for s, i in zip(scores, inside, strict=True))
     first: dict[int, int] = {}
     alarm_rows = [
         row

@@ -230,11 +230,13 @@ def judge(
         windows = []
     verdict.nab_null = -float(len(windows))
     verdict.nab_best = sum(_early_credit(w.start, w) for w in windows)
-    inside = [False] * len(scores)
+    windowed = [False] * len(scores)
     for w in windows:
-        inside[w.start : w.end] = [True] * (min(w.end, len(scores)) - w.start)
-    verdict.quiet_rows = inside.count(False)
-    verdict.false_rows = sum(s >= threshold and not i for s, i in zip(scores, inside, strict=True))
+        windowed[w.start : w.end] = [True] * (min(w.end, len(scores)) - w.start)
+    verdict.quiet_rows = windowed.count(False)
+    verdict.false_rows = sum(
+        s >= threshold and not w for s, w in zip(scores, windowed, strict=True)
+    )
     first: dict[int, int] = {}
     alarm_rows = [
         row

@@ -11,10 +11,12 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from confluent_kafka import Producer
 from conftest import RunCli, error_line
 from live_jobs import send_json, topic_values
 
 from kappaflow.iot.models import MODELS, Scorer
+from kappaflow.iot.registry import register
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
@@ -187,9 +189,16 @@ def test_a_family_the_jvm_scorer_does_not_know_is_refused_at_start(cli: RunCli) 
 def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka: Settings) -> None:
     job = f"rt-{uuid.uuid4().hex[:8]}"
     raw, models, scores = f"{job}-raw", f"{job}-models", f"{job}-scores"
+    registry = f"{job}-registry"
     create_topic(kafka.kafka, raw, partitions=2)
     create_topic(kafka.kafka, models, partitions=1)
-    topics = ("-P", f"source={raw}", "-P", f"models={models}", "-P", f"dest={scores}")
+    # The device is registered, and one other, which the registry then removes.
+    register(kafka.kafka, {FORECAST[0]: "t1", "gone": "t2"}, topic=registry)
+    removal = Producer(kafka.kafka.client_config())
+    removal.produce(registry, key=b"gone", value=None)
+    assert removal.flush(30) == 0
+    topics: tuple[str, ...] = ("-P", f"source={raw}", "-P", f"models={models}")
+    topics += ("-P", f"dest={scores}", "-P", f"registry={registry}")
     start = ("jobs", "start", job, "--app", "kappaflow.iot.realtime:PIPELINE", *topics)
     started = cli(*start, "-P", "readings=raw")
     assert started.code == 0, started.err
@@ -217,6 +226,9 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
         {**sent[0], "id": "no-zone", "time": "2026-11-20T05:00:00"},
         late,
         b"{not a reading",
+        # Devices the cleaning job does not know: never registered, and removed.
+        {**sent[0], "device": "stranger", "id": "stranger/1/cpu_temp"},
+        {**sent[0], "device": "gone", "id": "gone/1/cpu_temp"},
     ]
     first = 0
     while first < 60:
@@ -236,9 +248,24 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
         what="the last reading scored",
     )
     records = topic_values(kafka, scores)
-    assert cli("jobs", "stop", job).code == 0
     ids = [s["id"] for s in records]
     assert sorted(ids) == sorted(canonical), "each reading that cleaning passes, scored once"
+    # A device whose readings come before its registration: they wait for it. A reading
+    # of d1 after them in their partition, once scored, shows that they were read.
+    early = readings("newcomer", "cpu_temp", history[:2], first=300)
+    marker = {**sent[1], "id": "d1/marker/cpu_temp"}
+    producer = Producer(kafka.kafka.client_config())
+    for value in (*early, marker):
+        producer.produce(raw, key=value["device"].encode(), value=json.dumps(value), partition=0)
+    assert producer.flush(30) == 0
+
+    def scored(*wanted: str) -> bool | None:
+        return True if set(wanted) <= {s["id"] for s in topic_values(kafka, scores)} else None
+
+    wait_for(lambda: scored(marker["id"]), timeout=60, what="the marker scored")
+    register(kafka.kafka, {"newcomer": "t3"}, topic=registry)
+    wait_for(lambda: scored(*[r["id"] for r in early]), timeout=60, what="the early readings")
+    assert cli("jobs", "stop", job).code == 0
     scorer = Scorer(MODELS["forecast"])
     params = json.loads(model["params"])
     for s in records:

@@ -278,7 +278,9 @@ class LatencyRun:
         scoring = {"source": t["telemetry.clean"], "models": t["models"], "dest": t["scores"]}
         if self.scoring:
             # Raw readings, scored as they reach Kafka, as the cleaning job would pass them.
-            scoring.update(source=t["telemetry.raw"], readings="raw")
+            scoring.update(
+                source=t["telemetry.raw"], readings="raw", registry=t["devices.registry"]
+            )
         self.params = {
             self.app: {
                 "parts": "clean,alerts,devices" if self.scoring else "clean,score,alerts,devices",

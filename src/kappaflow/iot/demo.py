@@ -83,7 +83,13 @@ PARAMS = {
     "devices.source": CLEAN,
     "devices.status": STATUS,
 }
-SCORER_PARAMS = {"readings": "raw", "source": RAW, "models": MODELS, "dest": SCORES}
+SCORER_PARAMS = {
+    "readings": "raw",
+    "source": RAW,
+    "models": MODELS,
+    "dest": SCORES,
+    "registry": REGISTRY,
+}
 JOBS: tuple[tuple[str, str, dict[str, str]], ...] = (
     (JOB, "kappaflow.iot.app:build", PARAMS),
     (SCORER, "kappaflow.iot.realtime:PIPELINE", SCORER_PARAMS),

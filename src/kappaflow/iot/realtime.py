@@ -12,9 +12,11 @@ after it reaches Kafka rather than after the cleaning job's micro-batch: it pass
 what the cleaning job refuses for its content (a metric, unit or range it does not know,
 a time too far from its logging, a record that does not parse; the cleaning job
 dead-letters those), scores the value in its canonical unit, and scores a reading sent
-twice once (the key's ids of the last ``DEDUP_MS``, of processing time). It does not
-read the device registry: a reading of a device the cleaning job does not know is
-scored.
+twice once (the key's ids of the last ``DEDUP_MS``, of processing time). It reads the
+device registry too (``devices.registry``, ``-P registry=...``) and passes over the
+readings of a device that is not registered (the cleaning job dead-letters them): each
+registry record, or tombstone, goes to the keys of the device's metrics, and a reading
+that comes before its device's registration waits for it for a minute.
 
 Real-time mode runs long batches whose tasks hand each record on as it comes, but it
 takes no Python operator (docs/iot.md), so the per-key scoring runs on the JVM:
@@ -63,11 +65,12 @@ from kappaflow.iot.clean import (
     duration_ms,
 )
 from kappaflow.iot.models import DEFAULT_MODEL
+from kappaflow.iot.registry import REGISTRY_TOPIC
 from kappaflow.iot.score import SCORES_TOPIC
 from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
 from kappaflow.iot.train import FORGET_AFTER, MODELS_TOPIC
 from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
-from kappaflow.kafka.topics import create_topic, topic_partitions
+from kappaflow.kafka.topics import COMPACTED, create_topic, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
@@ -117,11 +120,20 @@ def _topics(params: Mapping[str, str]) -> tuple[str, str, str]:
     )
 
 
+def _registry(params: Mapping[str, str]) -> str | None:
+    """The device registry's topic, read with raw readings only (the cleaning job has
+    judged clean ones)."""
+    return params.get("registry", REGISTRY_TOPIC) if _from_raw(params) else None
+
+
 def _slots(settings: Settings, params: Mapping[str, str]) -> tuple[int, int]:
     """Task slots the query holds (source tasks and state tasks), and its state partitions."""
     source, models, _ = _topics(params)
     readings = len(topic_partitions(settings.kafka, source))
     read = readings + len(topic_partitions(settings.kafka, models))
+    registry = _registry(params)
+    if registry is not None:
+        read += len(topic_partitions(settings.kafka, registry))
     return read + readings, readings
 
 
@@ -147,8 +159,15 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     _family(params)
     _from_raw(params)
     _needs_jar(settings)
+    registry = _registry(params)
+    if registry is not None:
+        # As the gateway and `kappaflow iot register` make it, if no device is registered yet.
+        create_topic(settings.kafka, registry, partitions=1, configs=dict(COMPACTED), exist_ok=True)
     slots, _ = _slots(settings, params)
     return [Part(PART, real_time_spark(settings, slots))]
+
+
+_ENTRY = "device STRING, present BOOLEAN"
 
 
 def rows(
@@ -156,19 +175,34 @@ def rows(
     models: str,
     *,
     from_raw: bool = False,
+    registry: str | None = None,
     max_ahead: str = MAX_AHEAD,
     max_behind: str = MAX_BEHIND,
 ) -> DataFrame:
-    """Kafka records of the readings' topic and of ``models`` as the JVM scorer's input:
-    one row each, with its ``kind`` (``reading``, ``model``, or ``bad`` with the
-    ``reason``) and the ``key`` ``[device, metric]`` as JSON; tombstones, and readings
-    ``refused``, are left out.
+    """Kafka records of the readings' topic, of ``models`` and of ``registry`` as the JVM
+    scorer's input: one row each, with its ``kind`` (``reading``, ``model``,
+    ``registered`` or ``unregistered``, or ``bad`` with the ``reason``) and the ``key``
+    ``[device, metric]`` as JSON; a registry record is a row for each metric of the fleet;
+    tombstones, and readings ``refused``, are left out.
 
     ``from_raw``: the readings are raw (``telemetry.raw``), parsed as the cleaning job's
     source parses them (``RawReading``, the job API's parser); a reading that does not
     parse, or that the cleaning job refuses for its content (its metric, unit, range, or
     its time against its logging), is ``refused`` (the cleaning job dead-letters them);
     a value becomes its metric's canonical unit as cleaning makes it."""
+    is_entry = F.lit(False)
+    if registry is not None:
+        # A registry record's key is its device, and a tombstone has no value: both go on
+        # as the record's bytes, which the parser below refuses as a reading.
+        is_entry = F.col("topic") == F.lit(registry)
+        entry_bytes = F.to_json(
+            F.struct(
+                F.col("key").cast("string").alias("device"),
+                F.col("value").isNotNull().alias("present"),
+            )
+        ).cast("binary")
+        raw = raw.withColumn("value", F.when(is_entry, entry_bytes).otherwise(F.col("value")))
+        is_entry = F.col("src_topic") == F.lit(registry)
     if from_raw:
         frame = parse_records(raw, compile_schema(RawReading), time="time", keys=["device"])
         columns = ("_kf_topic", "_kf_partition", "_kf_offset", "_kf_logged", "_kf_value")
@@ -187,21 +221,28 @@ def rows(
     staged = source.select(
         "*",
         (F.col("src_topic") == F.lit(models)).alias("is_model"),
+        is_entry.alias("is_entry"),
         F.from_json(F.col("bytes").cast("string"), _MODEL).alias("update"),
+        F.from_json(F.col("bytes").cast("string"), _ENTRY).alias("entry"),
     )
-    reading, model = F.col("reading"), F.col("update")
+    reading, model, entry = F.col("reading"), F.col("update"), F.col("entry")
+    model_rows, entry_rows = F.col("is_model"), F.col("is_entry")
+    # A registry record stands for each of the device's metrics.
+    metrics = F.array(*[F.lit(m.name) for m in METRICS])
     staged = staged.select(
         "*",
-        reading["metric"].alias("metric"),
+        F.explode(
+            F.when(entry_rows, metrics).otherwise(F.array(reading["metric"].cast("string")))
+        ).alias("metric"),
         reading["unit"].alias("unit"),
         reading["value"].alias("value"),
     )
-    model_rows = F.col("is_model")
 
     def field(name: str) -> Column:
         return F.when(model_rows, model[name]).otherwise(reading[name]).cast("string")
 
-    device, metric = field("device"), field("metric")
+    device = F.when(entry_rows, entry["device"]).otherwise(field("device"))
+    metric = F.when(model_rows, model["metric"].cast("string")).otherwise(F.col("metric"))
     unparsed = device.isNull() | metric.isNull()
     bad_reading = unparsed | reading["value"].isNull() | reading["id"].isNull()
     bad_model = unparsed | model["version"].isNull() | model["model"].isNull()
@@ -227,6 +268,9 @@ def rows(
         time = F.date_format(reading["time"], "yyyy-MM-dd'T'HH:mm:ss.SSSXXX")
     kind = (
         F.when(F.col("bytes").isNull(), F.lit("tombstone"))
+        .when(entry_rows & device.isNull(), F.lit("tombstone"))
+        .when(entry_rows & entry["present"], F.lit("registered"))
+        .when(entry_rows, F.lit("unregistered"))
         .when(model_rows & bad_model, F.lit("bad"))
         .when(~model_rows & refused, F.lit("refused"))
         .when(~model_rows & bad_reading, F.lit("bad"))
@@ -279,18 +323,20 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     spark.conf.set("spark.sql.shuffle.partitions", str(state_partitions))
     try:
         from_raw = _from_raw(ctx.params)
-        read = read_stream(spark, settings, f"{source},{models}")
+        registry = _registry(ctx.params)
+        read = read_stream(spark, settings, ",".join(filter(None, (source, models, registry))))
         limits = {
             k: ctx.param(k, d) for k, d in (("max_ahead", MAX_AHEAD), ("max_behind", MAX_BEHIND))
         }
         scored = jvm.io.kappaflow.iot.RealtimeScoring.apply(
-            rows(read, models, from_raw=from_raw, **limits)._jdf,
+            rows(read, models, from_raw=from_raw, registry=registry, **limits)._jdf,
             dest,
             dead_letters,
             ctx.name,
             model,
             ttl_ms,
             DEDUP_MS if from_raw else 0,
+            registry is not None,
         )
         out = DataFrame(scored.toDF(), spark).select(
             F.col("_1").alias("topic"), F.col("_2").alias("key"), F.col("_3").alias("value")

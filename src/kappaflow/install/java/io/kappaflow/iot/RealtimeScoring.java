@@ -1,14 +1,17 @@
 package io.kappaflow.iot;
 
 import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Iterator;
 import java.util.List;
 import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.streaming.ListState;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.StatefulProcessor;
@@ -27,13 +30,19 @@ import scala.jdk.javaapi.CollectionConverters;
  * reading}, {@code model}, {@code bad} for a record that did not parse, with its {@code reason},
  * or anything else for a row to pass over, such as a tombstone or a raw reading the cleaning job
  * refuses). With {@code dedupMs} above 0 (raw readings), a reading whose id the key scored in the
- * last {@code dedupMs} is passed over. Per key it keeps the newest parameters it was given and
- * the scorer's memory;
+ * last {@code dedupMs} is passed over. With {@code registry}, rows of kind {@code registered} and
+ * {@code unregistered} (from the device registry) say whether the key's device is registered;
+ * the readings of a key whose device is not are held for {@link #HELD_MS} of processing time,
+ * scored in order if the registration comes within it, and passed over otherwise. Per key it keeps the newest
+ * parameters it was given and the scorer's memory;
  * each reading's score goes out as it comes, as a {@code (topic, key, value)} row for Kafka; a
  * {@code models} record it cannot score with goes to the dead-letter topic with the reason and
  * its bytes, and the key keeps its last parameters.
  */
 public final class RealtimeScoring {
+  /** How long a reading of a device not registered waits for the device's registration. */
+  static final long HELD_MS = 60_000L;
+
   private RealtimeScoring() {}
 
   /** The scored stream of {@code input}: rows {@code (_1 topic, _2 key, _3 value)}. */
@@ -44,7 +53,8 @@ public final class RealtimeScoring {
       String job,
       String defaultFamily,
       long ttlMs,
-      long dedupMs) {
+      long dedupMs,
+      boolean registry) {
     if (SeriesScorer.family(defaultFamily) == null) {
       throw new IllegalArgumentException(
           "the real-time scorer scores the forecast and robust families, not " + defaultFamily);
@@ -52,7 +62,8 @@ public final class RealtimeScoring {
     return input
         .groupByKey((MapFunction<Row, String>) r -> r.getAs("key"), Encoders.STRING())
         .transformWithState(
-            new Processor(scoresTopic, deadLetterTopic, job, defaultFamily, ttlMs, dedupMs),
+            new Processor(
+                scoresTopic, deadLetterTopic, job, defaultFamily, ttlMs, dedupMs, registry),
             // State that expires is timed by processing time: Spark's TTL needs that mode.
             ttlMs > 0 || dedupMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(),
             OutputMode.Update(),
@@ -66,12 +77,15 @@ public final class RealtimeScoring {
     private final String defaultFamily;
     private final long ttlMs;
     private final long dedupMs;
+    private final boolean registry;
     private transient ValueState<String> memory;
     private transient ValueState<String> params;
     private transient ValueState<Long> version;
     private transient ValueState<String> run;
     private transient ValueState<Long> seq;
     private transient MapState<String, Boolean> sent;
+    private transient ValueState<Boolean> registered;
+    private transient ListState<String> held;
 
     Processor(
         String scoresTopic,
@@ -79,13 +93,15 @@ public final class RealtimeScoring {
         String job,
         String defaultFamily,
         long ttlMs,
-        long dedupMs) {
+        long dedupMs,
+        boolean registry) {
       this.scoresTopic = scoresTopic;
       this.deadLetterTopic = deadLetterTopic;
       this.job = job;
       this.defaultFamily = defaultFamily;
       this.ttlMs = ttlMs;
       this.dedupMs = dedupMs;
+      this.registry = registry;
     }
 
     @Override
@@ -101,6 +117,15 @@ public final class RealtimeScoring {
         TTLConfig recent = TTLConfig.apply(Duration.ofMillis(dedupMs));
         sent = getHandle().getMapState("sent", Encoders.STRING(), Encoders.BOOLEAN(), recent);
       }
+      if (registry) {
+        // Not forgotten with the rest: the registry is read once, not again for a quiet key.
+        registered =
+            getHandle().getValueState("registered", Encoders.BOOLEAN(), TTLConfig.NONE());
+        // The readings of a device not (yet) registered, each for HELD_MS.
+        held =
+            getHandle()
+                .getListState("held", Encoders.STRING(), TTLConfig.apply(Duration.ofMillis(HELD_MS)));
+      }
     }
 
     @Override
@@ -108,20 +133,25 @@ public final class RealtimeScoring {
         String key, scala.collection.Iterator<Row> rows, TimerValues timers) {
       List<Tuple3<String, String, String>> out = new ArrayList<>();
       try {
-        long known = version.exists() ? version.get() : 0L;
-        String text = params.exists() ? params.get() : null;
-        Params current = text != null ? Params.parse(text) : null;
-        String remembered = memory.exists() ? memory.get() : "";
-        // The key's run (its first reading's id) and readings scored in it, as the
-        // micro-batch scorer numbers them: a reading scored again has the same pair.
-        String runId = run.exists() ? run.get() : null;
-        long scored = seq.exists() ? seq.get() : 0L;
-        SeriesScorer scorer = null;
+        KeyRun k = new KeyRun(key, out);
         while (rows.hasNext()) {
           Row r = rows.next();
           String kind = r.getAs("kind");
           if ("bad".equals(kind)) {
             out.add(deadLetter(r, r.getAs("reason")));
+          } else if ("registered".equals(kind) && registered != null) {
+            registered.update(true);
+            // The readings that came before the registration, in the order they came.
+            if (held.exists()) {
+              Iterator<String> waiting = CollectionConverters.asJava(held.get());
+              while (waiting.hasNext()) {
+                k.read(Reading.parse(waiting.next()));
+              }
+              held.clear();
+            }
+          } else if ("unregistered".equals(kind) && registered != null) {
+            registered.clear();
+            held.clear();
           } else if ("model".equals(kind)) {
             // A record that cannot be scored with is a dead letter whatever its version.
             String problem = problem(r);
@@ -129,35 +159,79 @@ public final class RealtimeScoring {
               out.add(deadLetter(r, problem));
               continue;
             }
-            long given = r.<Long>getAs("version");
-            if (given <= known) {
+            k.model(r.<Long>getAs("version"), r.getAs("params"));
+          } else if ("reading".equals(kind)) {
+            Reading reading = Reading.of(r);
+            if (registered != null && !registered.exists()) {
+              // Held for a while: the registry and the readings are read side by side, so
+              // a device's registration may come after its first readings.
+              held.appendValue(reading.json());
               continue;
             }
-            text = r.getAs("params");
-            current = Params.parse(text);
-            known = given;
-          } else if ("reading".equals(kind)) {
-            if (sent != null) {
-              // A reading sent twice (raw readings: the cleaning job's dedup) is scored once.
-              String id = r.getAs("id");
-              if (sent.containsKey(id)) {
-                continue;
-              }
-              sent.updateValue(id, true);
-            }
-            SeriesScorer.Family family =
-                SeriesScorer.family(current != null ? current.model : defaultFamily);
-            if (scorer == null || scorer.family() != family) {
-              remembered = scorer != null ? scorer.state() : remembered;
-              scorer = SeriesScorer.restore(family.name().toLowerCase(), remembered);
-            }
-            double score = scorer.score(r.<Double>getAs("value"), current);
-            runId = runId != null ? runId : r.<String>getAs("id");
-            scored += 1;
-            out.add(
-                new Tuple3<>(scoresTopic, key, scoreJson(r, score, current, known, runId, scored)));
+            k.read(reading);
           }
         }
+        k.save();
+      } catch (JsonProcessingException e) {
+        throw new IllegalStateException("the scorer's memory is not JSON: " + e.getMessage(), e);
+      }
+      return CollectionConverters.asScala(out.iterator());
+    }
+
+    /** One call for one key: its state as loaded, what it scores, and what is stored. */
+    private final class KeyRun {
+      private final String key;
+      private final List<Tuple3<String, String, String>> out;
+      private long known;
+      private String text;
+      private Params current;
+      private String remembered;
+      // The key's run (its first reading's id) and readings scored in it, as the
+      // micro-batch scorer numbers them: a reading scored again has the same pair.
+      private String runId;
+      private long scored;
+      private SeriesScorer scorer;
+
+      KeyRun(String key, List<Tuple3<String, String, String>> out) {
+        this.key = key;
+        this.out = out;
+        known = version.exists() ? version.get() : 0L;
+        text = params.exists() ? params.get() : null;
+        current = text != null ? Params.parse(text) : null;
+        remembered = memory.exists() ? memory.get() : "";
+        runId = run.exists() ? run.get() : null;
+        scored = seq.exists() ? seq.get() : 0L;
+      }
+
+      void model(long given, String newer) {
+        if (given > known) {
+          text = newer;
+          current = Params.parse(newer);
+          known = given;
+        }
+      }
+
+      void read(Reading reading) throws JsonProcessingException {
+        if (sent != null) {
+          // A reading sent twice (raw readings: the cleaning job's dedup) is scored once.
+          if (sent.containsKey(reading.id())) {
+            return;
+          }
+          sent.updateValue(reading.id(), true);
+        }
+        SeriesScorer.Family family =
+            SeriesScorer.family(current != null ? current.model : defaultFamily);
+        if (scorer == null || scorer.family() != family) {
+          remembered = scorer != null ? scorer.state() : remembered;
+          scorer = SeriesScorer.restore(family.name().toLowerCase(), remembered);
+        }
+        double score = scorer.score(reading.value(), current);
+        runId = runId != null ? runId : reading.id();
+        scored += 1;
+        out.add(new Tuple3<>(scoresTopic, key, scoreJson(reading, score)));
+      }
+
+      void save() throws JsonProcessingException {
         if (scorer != null) {
           memory.update(scorer.state());
           run.update(runId);
@@ -167,10 +241,27 @@ public final class RealtimeScoring {
           params.update(text);
           version.update(known);
         }
-      } catch (JsonProcessingException e) {
-        throw new IllegalStateException("the scorer's memory is not JSON: " + e.getMessage(), e);
       }
-      return CollectionConverters.asScala(out.iterator());
+
+      private String scoreJson(Reading r, double score) {
+        ObjectNode s = SeriesScorer.JSON.createObjectNode();
+        s.put("device", r.device());
+        s.put("metric", r.metric());
+        s.put("value", r.value());
+        s.put("time", r.time());
+        s.put("id", r.id());
+        s.put("score", score);
+        if (current == null) {
+          s.putNull("model");
+          s.putNull("model_version");
+        } else {
+          s.put("model", current.model);
+          s.put("model_version", known);
+        }
+        s.put("run", runId);
+        s.put("seq", scored);
+        return s.toString();
+      }
     }
 
     /** Why a {@code models} record's parameters cannot be scored with, or null. */
@@ -190,27 +281,6 @@ public final class RealtimeScoring {
       }
     }
 
-    private String scoreJson(
-        Row r, double score, Params current, long known, String runId, long scored) {
-      ObjectNode s = SeriesScorer.JSON.createObjectNode();
-      s.put("device", r.<String>getAs("device"));
-      s.put("metric", r.<String>getAs("metric"));
-      s.put("value", r.<Double>getAs("value"));
-      s.put("time", r.<String>getAs("time"));
-      s.put("id", r.<String>getAs("id"));
-      s.put("score", score);
-      if (current == null) {
-        s.putNull("model");
-        s.putNull("model_version");
-      } else {
-        s.put("model", current.model);
-        s.put("model_version", known);
-      }
-      s.put("run", runId);
-      s.put("seq", scored);
-      return s.toString();
-    }
-
     private Tuple3<String, String, String> deadLetter(Row r, String reason) {
       ObjectNode d = SeriesScorer.JSON.createObjectNode();
       d.put("error", reason);
@@ -221,6 +291,32 @@ public final class RealtimeScoring {
       d.put("source_offset", r.<Long>getAs("src_offset"));
       d.put("value_base64", r.<String>getAs("value_base64"));
       return new Tuple3<>(deadLetterTopic, null, d.toString());
+    }
+  }
+
+  /** A reading as the scorer takes it: from an input row, or held as JSON for a while. */
+  record Reading(String device, String metric, double value, String time, String id) {
+    static Reading of(Row r) {
+      return new Reading(
+          r.getAs("device"), r.getAs("metric"), r.<Double>getAs("value"), r.getAs("time"),
+          r.getAs("id"));
+    }
+
+    static Reading parse(String json) throws JsonProcessingException {
+      JsonNode n = SeriesScorer.JSON.readTree(json);
+      return new Reading(
+          n.get("device").asText(), n.get("metric").asText(), n.get("value").asDouble(),
+          n.get("time").asText(), n.get("id").asText());
+    }
+
+    String json() {
+      ObjectNode n = SeriesScorer.JSON.createObjectNode();
+      n.put("device", device);
+      n.put("metric", metric);
+      n.put("value", value);
+      n.put("time", time);
+      n.put("id", id);
+      return n.toString();
     }
   }
 }

@@ -140,6 +140,9 @@ class LatencyBenchResult:
     #: ``realtime`` (``kappaflow.iot.realtime``, a job of its own) or ``batch`` (the
     #: application job's micro-batch scoring part).
     scorer: str = "batch"
+    #: Where the alerting part runs: ``app`` (in the application job, beside cleaning and
+    #: device state) or ``apart`` (a job, so a driver, of its own).
+    alerts_in: str = "app"
     windows: list[Window] = field(default_factory=list)
     #: Per rate: the trainer-stopped window's figures over the trainer-running one's.
     ratios: list[dict[str, Any]] = field(default_factory=list)
@@ -501,7 +504,7 @@ COLUMNS = (
     "→ read p50 / p99 ms",
     "→ alert p50 / p99 ms (n)",
     "model updates / series moved",
-    "CPU gen / app / scorer / trainer / kafka",
+    "CPU gen / app / scorer / alerts / trainer / kafka",
     "busy",
 )
 
@@ -513,7 +516,7 @@ def _ms(value: float | None) -> str:
 def rows(result: LatencyBenchResult) -> list[list[str]]:
     found = []
     for w in result.windows:
-        jobs = ("app job", "scorer job", "trainer job")
+        jobs = ("app job", "scorer job", "alerts job", "trainer job")
         cpu = [w.cpu.get(n) for n in ("generator", *jobs, "kafka")]
         found.append(
             [
@@ -539,7 +542,7 @@ def summary(result: LatencyBenchResult) -> str:
     lines = [
         "# IoT application: sustained readings per second and end-to-end latency",
         "",
-        f"Scorer: {result.scorer}. "
+        f"Scorer: {result.scorer}; alerting: {result.alerts_in}. "
         f"{result.devices} devices, {rates} readings/s ({result.reading_bytes:.0f} bytes "
         f"each), {result.partitions} partitions a topic; {result.warmup_s:g} s warm-up, "
         f"{result.settle_s:g} s to settle after each change, {result.duration_s:g} s "

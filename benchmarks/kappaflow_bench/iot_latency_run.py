@@ -7,7 +7,8 @@ The application runs on topics of the run's own (``bench.latency.<run>.*``) as j
 parts=clean,alerts,devices``), the trainer in another (``-P parts=train``), so that the
 trainer can be stopped while the rest runs on; the scorer is the real-time one, a job of
 its own (``kappaflow.iot.realtime:PIPELINE`` on the raw readings, scorer ``realtime``),
-or the micro-batch part in the first job (scorer ``batch``).
+or the micro-batch part in the first job (scorer ``batch``). With alerts ``apart``, the
+alerting part is a job of its own too (``-P parts=alerts``), with a driver of its own.
 
 The generator is the simulator's fleet (``kappaflow.iot.simulator``: its values, with
 anomalies often enough that alerts come within the run), advanced to the wall clock in
@@ -81,8 +82,9 @@ from kappaflow_bench.report import machine, write_json
 
 APP = "kappaflow.iot.app:build"
 REALTIME = "kappaflow.iot.realtime:PIPELINE"
-#: The scorers a run can measure.
+#: The scorers a run can measure, and where its alerting part can run.
 SCORERS = ("realtime", "batch")
+ALERTS = ("app", "apart")
 #: Anomalies a day per device and metric: many, so that alerts come within minutes (the
 #: demo's figure).
 ANOMALIES_PER_DAY = 48.0
@@ -253,6 +255,7 @@ class LatencyRun:
         rate: float,
         seed: int,
         scorer: str = "realtime",
+        alerts: str = "app",
     ) -> None:
         self.settings, self.overrides, self.config_file = settings, overrides, config_file
         self.scorer = scorer
@@ -275,21 +278,31 @@ class LatencyRun:
         self.topics = t
         self.app, self.trainer = f"bench-latency-{run_id}", f"bench-latency-{run_id}-train"
         self.scoring = f"bench-latency-{run_id}-score" if scorer == "realtime" else None
+        self.alerting = f"bench-latency-{run_id}-alerts" if alerts == "apart" else None
         scoring = {"source": t["telemetry.clean"], "models": t["models"], "dest": t["scores"]}
         if self.scoring:
             # Raw readings, scored as they reach Kafka, as the cleaning job would pass them.
             scoring.update(
                 source=t["telemetry.raw"], readings="raw", registry=t["devices.registry"]
             )
+        alerting = {"alerts.source": t["scores"], "alerts.dest": t["alerts"]}
         self.params = {
             self.app: {
-                "parts": "clean,alerts,devices" if self.scoring else "clean,score,alerts,devices",
+                "parts": ",".join(
+                    part
+                    for part, wanted in (
+                        ("clean", True),
+                        ("score", not self.scoring),
+                        ("alerts", not self.alerting),
+                        ("devices", True),
+                    )
+                    if wanted
+                ),
                 "clean.source": t["telemetry.raw"],
                 "clean.dest": t["telemetry.clean"],
                 "clean.registry": t["devices.registry"],
                 **({} if self.scoring else {f"score.{k}": v for k, v in scoring.items()}),
-                "alerts.source": t["scores"],
-                "alerts.dest": t["alerts"],
+                **({} if self.alerting else alerting),
                 "devices.events": t["devices.events"],
                 "devices.source": t["telemetry.clean"],
                 "devices.status": t["devices.status"],
@@ -300,6 +313,7 @@ class LatencyRun:
                 "train.dest": t["models"],
             },
             **({self.scoring: scoring} if self.scoring else {}),
+            **({self.alerting: {"parts": "alerts", **alerting}} if self.alerting else {}),
         }
         self.jobs = JobManager(settings)
         self.home = settings.state_dir / "bench-iot-latency"
@@ -357,7 +371,7 @@ class LatencyRun:
 
     def _always(self) -> tuple[str, ...]:
         """The jobs that run from start to end: all but the trainer."""
-        return (self.app, self.scoring) if self.scoring else (self.app,)
+        return tuple(name for name in (self.app, self.scoring, self.alerting) if name)
 
     def start_trainer(self, say: Callable[[str], None]) -> None:
         self._start_job(self.trainer)
@@ -477,6 +491,7 @@ class LatencyRun:
             "reader": process_tree(self._reader.pid if self._reader else None),
             "app job": process_tree(self.jobs.get(self.app).pid),
             "scorer job": process_tree(self.jobs.get(self.scoring).pid if self.scoring else None),
+            "alerts job": process_tree(self.jobs.get(self.alerting).pid if self.alerting else None),
             "trainer job": process_tree(trainer),
             **{name: process_tree(pid) for name, pid in self._services.items()},
         }
@@ -505,7 +520,8 @@ class LatencyRun:
     def _labels(self) -> list[tuple[str, str]]:
         """Each job with the label of its figures and logs."""
         named = [(self.trainer, "trainer"), (self.app, "app")]
-        return named + ([(self.scoring, "scorer")] if self.scoring else [])
+        named += [(self.scoring, "scorer")] if self.scoring else []
+        return named + ([(self.alerting, "alerts")] if self.alerting else [])
 
     def stop_trainer(self) -> float:
         """Stop the trainer job; the seconds it took."""
@@ -548,6 +564,7 @@ def run(
     out_dir: Path,
     say: Callable[[str], None],
     scorer: str = "realtime",
+    alerts: str = "app",
 ) -> LatencyBenchResult:
     """Each rate with the trainer running, then each again with the trainer stopped; the
     figures, also written to ``out_dir`` (``result.json``, ``summary.md``,
@@ -561,10 +578,11 @@ def run(
         anomalies_per_day=ANOMALIES_PER_DAY,
         partitions=DEFAULT_PARTITIONS,
         scorer=scorer,
+        alerts_in=alerts,
         machine=machine(),
         uptime_at_start=_uptime(),
     )
-    bench = LatencyRun(settings, overrides, config_file, devices, rates[0], seed, scorer)
+    bench = LatencyRun(settings, overrides, config_file, devices, rates[0], seed, scorer, alerts)
     measured: list[tuple[Window, Snapshot, Snapshot]] = []
     stop_asked_ms = 0
     with bench.running(say):
@@ -627,6 +645,7 @@ def run(
     result.jobs = {
         "app": bench.app,
         "scorer": bench.scoring,
+        "alerts": bench.alerting,
         "trainer": bench.trainer,
         "params": bench.params,
     }

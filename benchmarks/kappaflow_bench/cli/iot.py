@@ -249,6 +249,15 @@ def iot_ingest(
     "real-time scorer, a job of its own) and batch (the micro-batch scoring part)",
 )
 @click.option(
+    "--alerts",
+    "placements",
+    default="app",
+    show_default=True,
+    help="where the alerting part runs, comma-separated, one whole run each per scorer: "
+    "app (in the application job, beside cleaning and device state) and apart (a job of "
+    "its own); a run with alerts apart is written to OUT/SCORER-alerts-apart/",
+)
+@click.option(
     "--out",
     "out_dir",
     default="bench-results/iot-latency",
@@ -265,6 +274,7 @@ def iot_latency(
     settle: float,
     seed: int,
     scorers: str,
+    placements: str,
     out_dir: Path,
 ) -> None:
     """The IoT application's sustained readings per second and end-to-end latency on
@@ -274,50 +284,65 @@ def iot_latency(
     a reading's event time to its score in `scores` and to its alert in `alerts`. Each
     scorer is a run of its own, one after the other, written to OUT/SCORER/."""
     from kappaflow_bench.iot_latency import COLUMNS, LatencyBenchResult, rows
-    from kappaflow_bench.iot_latency_run import SCORERS, run
+    from kappaflow_bench.iot_latency_run import ALERTS, SCORERS, run
 
     chosen = [name.strip() for name in scorers.split(",") if name.strip()]
     if not chosen or any(name not in SCORERS for name in chosen):
         raise click.BadParameter(f"choose among {', '.join(SCORERS)}", param_hint="--scorers")
-    results: dict[str, LatencyBenchResult] = {}
+    places = [name.strip() for name in placements.split(",") if name.strip()]
+    if not places or any(name not in ALERTS for name in places):
+        raise click.BadParameter(f"choose among {', '.join(ALERTS)}", param_hint="--alerts")
+    results: dict[tuple[str, str], LatencyBenchResult] = {}
     with svc.embedded_services(ctx.settings, say):
         for scorer in chosen:
-            say(f"scorer {scorer}")
-            results[scorer] = result = run(
-                ctx.settings,
-                ctx.overrides,
-                ctx.config_file,
-                devices=devices,
-                rates=rates,
-                warmup_s=warmup,
-                settle_s=settle,
-                duration_s=duration,
-                seed=seed,
-                out_dir=out_dir / scorer,
-                say=say,
-                scorer=scorer,
-            )
-            title = f"IoT application, scorer {scorer}: {devices} devices, {duration:g} s a window"
-            table(title, COLUMNS, rows(result))
-            for ratio in result.ratios:
-                shown = ", ".join(
-                    f"{k} {v}" for k, v in ratio.items() if k != "rate" and v is not None
+            for alerts in places:
+                label = scorer if alerts == "app" else f"{scorer}-alerts-apart"
+                say(f"scorer {scorer}, alerts {alerts}")
+                results[scorer, alerts] = result = run(
+                    ctx.settings,
+                    ctx.overrides,
+                    ctx.config_file,
+                    devices=devices,
+                    rates=rates,
+                    warmup_s=warmup,
+                    settle_s=settle,
+                    duration_s=duration,
+                    seed=seed,
+                    out_dir=out_dir / label,
+                    say=say,
+                    scorer=scorer,
+                    alerts=alerts,
                 )
-                say(f"trainer stopped / running at {ratio['rate']:,.0f}/s: {shown}")
-            say(f"wrote {out_dir / scorer}/result.json, summary.md, timeline.csv")
-    if len(results) == 2:
-        realtime, batch = results["realtime"], results["batch"]
-        for ours, theirs in zip(realtime.windows, batch.windows, strict=True):
+                title = f"IoT application, {label}: {devices} devices, {duration:g} s a window"
+                table(title, COLUMNS, rows(result))
+                for ratio in result.ratios:
+                    shown = ", ".join(
+                        f"{k} {v}" for k, v in ratio.items() if k != "rate" and v is not None
+                    )
+                    say(f"trainer stopped / running at {ratio['rate']:,.0f}/s: {shown}")
+                say(f"wrote {out_dir / label}/result.json, summary.md, timeline.csv")
+    pairs = [
+        (f"realtime / batch, alerts {a}", results.get(("realtime", a)), results.get(("batch", a)))
+        for a in places
+    ] + [
+        (f"alerts apart / app, {s}", results.get((s, "apart")), results.get((s, "app")))
+        for s in chosen
+    ]
+    for name, ours_run, theirs_run in pairs:
+        if ours_run is None or theirs_run is None:
+            continue
+        for ours, theirs in zip(ours_run.windows, theirs_run.windows, strict=True):
             figures = [
-                f"{name} {a / b:.3g}"
-                for name, a, b in (
+                f"{figure} {a / b:.3g}"
+                for figure, a, b in (
                     ("score p50", ours.to_score_p50_ms, theirs.to_score_p50_ms),
                     ("score p99", ours.to_score_p99_ms, theirs.to_score_p99_ms),
                     ("alert p50", ours.to_alert_p50_ms, theirs.to_alert_p50_ms),
+                    ("alert p99", ours.to_alert_p99_ms, theirs.to_alert_p99_ms),
                 )
                 if a is not None and b
             ]
-            say(f"realtime / batch, {ours.phase} at {ours.rate:,.0f}/s: {', '.join(figures)}")
+            say(f"{name}, {ours.phase} at {ours.rate:,.0f}/s: {', '.join(figures)}")
 
 
 COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency)

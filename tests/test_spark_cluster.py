@@ -18,13 +18,16 @@ from confluent_kafka import Producer
 from conftest import RunCli, run_kappaflow, start_clean_job
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
+from kappaflow.iot.registry import register
 from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.topics import COMPACTED, create_topic
 from kappaflow.settings import Settings
 from kappaflow.spark.standalone import StandaloneCluster
 from kappaflow.streams.lake_read import read_arrow
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 from test_counting import DEFINITION, changelog, events, expected, store_counts, wait_stats
+from test_iot_learning import noise, readings
 
 # Starts a cluster of its own, and kills one of its workers.
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -189,6 +192,72 @@ def test_a_user_job_on_a_standalone_cluster_with_hadoop_uris(
     assert (tmp_path / "checkpoints" / job / "loud" / "commits").is_dir()
     lake = read_arrow((tmp_path / "lake").as_uri() + f"/{job}/loud").to_pylist()
     assert sorted(r["loud"] for r in lake) == sorted(loud)
+
+
+def test_the_iot_application_on_a_standalone_cluster(
+    standalone: tuple[str, str], cli: RunCli, serving: Settings, topic_name: str
+) -> None:
+    """The IoT application's job, cleaning, training, scoring and alerting, with its tasks
+    on the cluster's executors: readings are cleaned, learnt, scored with the model the
+    trainer published, and a spike raises an alert."""
+    url, status_url = standalone
+    job = f"iot-cluster-{topic_name}"
+    t = {name: f"{topic_name}-{name}" for name in ("raw", "registry", "clean", "models")}
+    t |= {name: f"{topic_name}-{name}" for name in ("scores", "alerts")}
+    for name in ("raw", "clean", "scores"):
+        create_topic(serving.kafka, t[name], partitions=2)
+    create_topic(serving.kafka, t["models"], partitions=1, configs=dict(COMPACTED))
+    register(serving.kafka, {"d1": "token"}, topic=t["registry"])
+    params = {
+        "parts": "clean,train,score,alerts",
+        "clean.source": t["raw"],
+        "clean.registry": t["registry"],
+        "clean.dest": t["clean"],
+        "train.source": t["clean"],
+        "train.dest": t["models"],
+        "score.source": t["clean"],
+        "score.models": t["models"],
+        "score.dest": t["scores"],
+        "alerts.source": t["scores"],
+        "alerts.dest": t["alerts"],
+    }
+    options = [arg for key, value in params.items() for arg in ("-P", f"{key}={value}")]
+    app = ("jobs", "start", job, "--app", "kappaflow.iot.app:build", *options)
+    started = cli("--spark-master", url, *app)
+    assert started.code == 0, started.err
+    try:
+        apps = _master_state(status_url)["activeapps"]
+        assert f"kappaflow:{job}" in [a["name"] for a in apps], "the job does not run there"
+        values = noise(130, 9)
+        values[120:123] = [v + 20.0 for v in values[120:123]]  # a spike of 40 spreads
+        sent = readings("d1", "cpu_temp", values)
+        send_json(serving, t["raw"], sent[:60], key="device")
+        wait_for(
+            lambda: True if topic_values(serving, t["models"]) else None,
+            timeout=300,
+            what="a model from the cluster's trainer",
+        )
+        send_json(serving, t["raw"], sent[60:], key="device")
+
+        def scored() -> list[dict[str, Any]] | None:
+            found = {s["id"]: s for s in topic_values(serving, t["scores"])}
+            later = [found.get(r["id"]) for r in sent[60:]]
+            return None if None in later else [s for s in later if s is not None]
+
+        later = wait_for(scored, timeout=300, what="the later readings' scores")
+        assert all(s["model_version"] for s in later), "scored with the published model"
+        assert min(s["score"] for s in later[60:63]) >= 0.5 > max(s["score"] for s in later[:55])
+
+        def alerted() -> list[dict[str, Any]] | None:
+            raised = [a for a in topic_values(serving, t["alerts"]) if a["rule"] == "anomaly"]
+            return raised or None
+
+        raised = wait_for(alerted, timeout=300, what="the spike's alert")
+        assert [(a["device"], a["metric"], a["status"]) for a in raised[:1]] == [
+            ("d1", "cpu_temp", "raised")
+        ]
+    finally:
+        stop_if_running(serving, job)
 
 
 def test_counting_on_the_cluster_is_exact_through_a_killed_worker(

@@ -134,24 +134,41 @@ public final class RealtimeScoring {
       List<Tuple3<String, String, String>> out = new ArrayList<>();
       try {
         KeyRun k = new KeyRun(key, out);
+        // The call's rows need not come in their topics' order: of the registry's, the
+        // newest (by offset) is the device's standing, taken before the call's readings,
+        // as the cleaning job takes the registry as it is at each micro-batch.
+        List<Row> rest = new ArrayList<>();
+        Row standing = null;
         while (rows.hasNext()) {
           Row r = rows.next();
           String kind = r.getAs("kind");
+          boolean entry = "registered".equals(kind) || "unregistered".equals(kind);
+          if (entry && registered != null) {
+            if (standing == null || r.<Long>getAs("src_offset") > standing.<Long>getAs("src_offset")) {
+              standing = r;
+            }
+          } else {
+            rest.add(r);
+          }
+        }
+        if (standing != null && "registered".equals(standing.getAs("kind"))) {
+          registered.update(true);
+          // The readings that came before the registration, in the order they came.
+          if (held.exists()) {
+            Iterator<String> waiting = CollectionConverters.asJava(held.get());
+            while (waiting.hasNext()) {
+              k.read(Reading.parse(waiting.next()));
+            }
+            held.clear();
+          }
+        } else if (standing != null) {
+          registered.clear();
+          held.clear();
+        }
+        for (Row r : rest) {
+          String kind = r.getAs("kind");
           if ("bad".equals(kind)) {
             out.add(deadLetter(r, r.getAs("reason")));
-          } else if ("registered".equals(kind) && registered != null) {
-            registered.update(true);
-            // The readings that came before the registration, in the order they came.
-            if (held.exists()) {
-              Iterator<String> waiting = CollectionConverters.asJava(held.get());
-              while (waiting.hasNext()) {
-                k.read(Reading.parse(waiting.next()));
-              }
-              held.clear();
-            }
-          } else if ("unregistered".equals(kind) && registered != null) {
-            registered.clear();
-            held.clear();
           } else if ("model".equals(kind)) {
             // A record that cannot be scored with is a dead letter whatever its version.
             String problem = problem(r);

@@ -16,6 +16,7 @@ from kappaflow.errors import JobError
 from kappaflow.iot.evaluation import incidents, judge, replay
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
 from kappaflow.iot.replay import Running
+from kappaflow.iot.score import _stored
 from kappaflow.jobs.runner import MAX_RESTARTS
 from kappaflow.settings import Settings
 
@@ -71,6 +72,13 @@ def test_the_forecaster_stays_fitted_over_a_long_series_of_noise() -> None:
     assert params["error_spread"] == pytest.approx(1.0, rel=0.2)
     scores = replay(values, MODELS["forecast"], batch=512)
     assert max(scores[100:]) < ALERT_SCORE
+
+
+def test_parameters_a_scorer_kept_from_before_the_tail_score_nothing_until_the_next() -> None:
+    params = MODELS["forecast"].trainer().learn(_daily(100))
+    assert _stored(json.dumps(params)) == params
+    older = {k: v for k, v in params.items() if k != "tail"}
+    assert _stored(json.dumps(older)) is None and _stored(None) is None
 
 
 def test_robust_statistics_find_a_spike_but_lag_a_daily_cycle() -> None:

@@ -248,9 +248,10 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
     # A device whose readings come before its registration: they wait for it. A reading
     # of d1 after them in their partition, once scored, shows that they were read.
     early = readings("newcomer", "cpu_temp", history[:2], first=300)
+    stranger = {**sent[0], "device": "stranger", "id": "stranger/2/cpu_temp"}
     marker = {**sent[1], "id": "d1/marker/cpu_temp"}
     producer = Producer(kafka.kafka.client_config())
-    for value in (*early, marker):
+    for value in (*early, stranger, marker):
         producer.produce(raw, key=value["device"].encode(), value=json.dumps(value), partition=0)
     assert producer.flush(30) == 0
 
@@ -258,8 +259,11 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
         return True if set(wanted) <= {s["id"] for s in topic_values(kafka, scores)} else None
 
     wait_for(lambda: scored(marker["id"]), timeout=60, what="the marker scored")
+    unregistered = {*[r["id"] for r in early], stranger["id"]}
+    assert not unregistered & {s["id"] for s in topic_values(kafka, scores)}
     register(kafka.kafka, {"newcomer": "t3"}, topic=registry)
     wait_for(lambda: scored(*[r["id"] for r in early]), timeout=60, what="the early readings")
+    assert stranger["id"] not in {s["id"] for s in topic_values(kafka, scores)}
     assert cli("jobs", "stop", job).code == 0
     scorer = Scorer(MODELS["forecast"])
     params = json.loads(model["params"])

@@ -55,7 +55,7 @@ def iot_models(
                     threshold,
                     f"{v['found']}/{v['incidents']}",
                     v["false_alarms"],
-                    f"{v['false_row_share']:.3%}",
+                    "-" if v["false_row_share"] is None else f"{v['false_row_share']:.3%}",
                     f"{v['precision']:.2f}",
                     f"{v['recall']:.2f}",
                     f"{v['f1']:.2f}",

@@ -232,7 +232,8 @@ def judge(
     verdict.nab_best = sum(_early_credit(w.start, w) for w in windows)
     windowed = [False] * len(scores)
     for w in windows:
-        windowed[w.start : w.end] = [True] * (min(w.end, len(scores)) - w.start)
+        for row in range(w.start, min(w.end, len(scores))):
+            windowed[row] = True
     verdict.quiet_rows = windowed.count(False)
     verdict.false_rows = sum(
         s >= threshold and not w for s, w in zip(scores, windowed, strict=True)

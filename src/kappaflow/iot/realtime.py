@@ -223,7 +223,8 @@ def rows(
         (F.col("src_topic") == F.lit(models)).alias("is_model"),
         is_entry.alias("is_entry"),
         F.from_json(F.col("bytes").cast("string"), _MODEL).alias("update"),
-        F.from_json(F.col("bytes").cast("string"), _ENTRY).alias("entry"),
+        # Parsed for registry records only: the readings' path is the one measured.
+        F.when(is_entry, F.from_json(F.col("bytes").cast("string"), _ENTRY)).alias("entry"),
     )
     reading, model, entry = F.col("reading"), F.col("update"), F.col("entry")
     model_rows, entry_rows = F.col("is_model"), F.col("is_entry")

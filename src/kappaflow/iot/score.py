@@ -114,6 +114,13 @@ def _newer(state: Scoring, event: Modelled) -> Params | None:
     return params
 
 
+def _stored(text: str | None) -> Params | None:
+    """The key's stored parameters; None for none, or for those of a version before
+    ``tail`` was published (the key scores 0 until the trainer's next version)."""
+    params: Params | None = json.loads(text) if text else None
+    return params if params is not None and "tail" in params else None
+
+
 def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunction[Scoring]:
     """The per-key scoring function; ``model`` is the family whose scorer remembers the
     readings that come before the key's first parameters."""
@@ -125,7 +132,7 @@ def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunct
     ) -> Iterator[Score]:
         memory = json.loads(ctx.state.scorer) if ctx.state.scorer else None
         # Parsed once a call, and again only when an event brings a newer version.
-        params: Params | None = json.loads(ctx.state.params) if ctx.state.params else None
+        params = _stored(ctx.state.params)
         scorer: Scorer | None = None
         for e in events:
             params = _newer(ctx.state, e) or params

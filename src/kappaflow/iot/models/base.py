@@ -51,6 +51,7 @@ class Trainer(ABC):
     _tail_share = _TAIL_SHARE_PRIOR
     _tail_scale = _TAIL_SCALE_PRIOR
     _tail_seen = 0
+    _tail_counted = 0
 
     def __init__(self) -> None:
         self.n = 0
@@ -100,7 +101,8 @@ class Trainer(ABC):
         """Learn whether ``raw`` is in the upper tail, and by how much (before the mean and
         spread learn it, so that the tail is judged as the scorer would have judged it)."""
         excess = raw - self._tail_from()
-        share_rate = max(_SURPRISE_RATE, 1.0 / (self._surprises + _TAIL_SHARE_WEIGHT))
+        share_rate = max(_SURPRISE_RATE, 1.0 / (self._tail_counted + _TAIL_SHARE_WEIGHT))
+        self._tail_counted += 1
         self._tail_share += share_rate * ((1.0 if excess > 0 else 0.0) - self._tail_share)
         if excess > 0:
             excess = min(excess, _TAIL_CAP * self._tail_scale)

@@ -32,16 +32,24 @@ import scala.jdk.javaapi.CollectionConverters;
  * refuses). With {@code dedupMs} above 0 (raw readings), a reading whose id the key scored in the
  * last {@code dedupMs} is passed over. With {@code registry}, rows of kind {@code registered} and
  * {@code unregistered} (from the device registry) say whether the key's device is registered;
- * the readings of a key whose device is not are held for {@link #HELD_MS} of processing time,
- * scored in order if the registration comes within it, and passed over otherwise. Per key it keeps the newest
- * parameters it was given and the scorer's memory;
- * each reading's score goes out as it comes, as a {@code (topic, key, value)} row for Kafka; a
- * {@code models} record it cannot score with goes to the dead-letter topic with the reason and
- * its bytes, and the key keeps its last parameters.
+ * the readings of a key whose device is not are held for {@link #HELD_MS} of processing time
+ * ({@link #HELD_MOST} at most), scored in order if the registration comes within it, and
+ * passed over otherwise. Per key it keeps the newest parameters it was given and the scorer's
+ * memory; each reading's score goes out as it comes, as a {@code (topic, key, value)} row for
+ * Kafka; a {@code models} record it cannot score with goes to the dead-letter topic with the
+ * reason and its bytes, and the key keeps its last parameters.
  */
 public final class RealtimeScoring {
   /** How long a reading of a device not registered waits for the device's registration. */
   static final long HELD_MS = 60_000L;
+  /** How many readings a key holds at most; the rest are passed over. */
+  static final int HELD_MOST = 1_000;
+  /**
+   * When Spark forgets held readings: a state's TTL counts from its batch's start, and a
+   * real-time batch lasts up to the checkpoint interval (5 minutes), so HELD_MS itself is
+   * checked against each reading's own time of arrival when it is released.
+   */
+  static final long HELD_TTL_MS = HELD_MS + 10 * 60_000L;
 
   private RealtimeScoring() {}
 
@@ -65,12 +73,13 @@ public final class RealtimeScoring {
             new Processor(
                 scoresTopic, deadLetterTopic, job, defaultFamily, ttlMs, dedupMs, registry),
             // State that expires is timed by processing time: Spark's TTL needs that mode.
-            ttlMs > 0 || dedupMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(),
+            ttlMs > 0 || dedupMs > 0 || registry ? TimeMode.ProcessingTime() : TimeMode.None(),
             OutputMode.Update(),
             Encoders.tuple(Encoders.STRING(), Encoders.STRING(), Encoders.STRING()));
   }
 
-  static final class Processor extends StatefulProcessor<String, Row, Tuple3<String, String, String>> {
+  static final class Processor
+      extends StatefulProcessor<String, Row, Tuple3<String, String, String>> {
     private final String scoresTopic;
     private final String deadLetterTopic;
     private final String job;
@@ -86,6 +95,7 @@ public final class RealtimeScoring {
     private transient MapState<String, Boolean> sent;
     private transient ValueState<Boolean> registered;
     private transient ListState<String> held;
+    private transient ValueState<Integer> heldCount;
 
     Processor(
         String scoresTopic,
@@ -121,10 +131,10 @@ public final class RealtimeScoring {
         // Not forgotten with the rest: the registry is read once, not again for a quiet key.
         registered =
             getHandle().getValueState("registered", Encoders.BOOLEAN(), TTLConfig.NONE());
-        // The readings of a device not (yet) registered, each for HELD_MS.
-        held =
-            getHandle()
-                .getListState("held", Encoders.STRING(), TTLConfig.apply(Duration.ofMillis(HELD_MS)));
+        // The readings of a device not (yet) registered, each for HELD_MS, and how many.
+        TTLConfig forget = TTLConfig.apply(Duration.ofMillis(HELD_TTL_MS));
+        held = getHandle().getListState("held", Encoders.STRING(), forget);
+        heldCount = getHandle().getValueState("heldCount", Encoders.INT(), forget);
       }
     }
 
@@ -144,7 +154,8 @@ public final class RealtimeScoring {
           String kind = r.getAs("kind");
           boolean entry = "registered".equals(kind) || "unregistered".equals(kind);
           if (entry && registered != null) {
-            if (standing == null || r.<Long>getAs("src_offset") > standing.<Long>getAs("src_offset")) {
+            long offset = r.<Long>getAs("src_offset");
+            if (standing == null || offset > standing.<Long>getAs("src_offset")) {
               standing = r;
             }
           } else {
@@ -155,15 +166,19 @@ public final class RealtimeScoring {
           registered.update(true);
           // The readings that came before the registration, in the order they came.
           if (held.exists()) {
+            long now = System.currentTimeMillis();
             Iterator<String> waiting = CollectionConverters.asJava(held.get());
             while (waiting.hasNext()) {
-              k.read(Reading.parse(waiting.next()));
+              JsonNode entry = SeriesScorer.JSON.readTree(waiting.next());
+              if (now - entry.path("held_at").asLong(0L) <= HELD_MS) {
+                k.read(Reading.parse(entry));
+              }
             }
-            held.clear();
           }
+          forgetHeld();
         } else if (standing != null) {
           registered.clear();
-          held.clear();
+          forgetHeld();
         }
         for (Row r : rest) {
           String kind = r.getAs("kind");
@@ -182,7 +197,11 @@ public final class RealtimeScoring {
             if (registered != null && !registered.exists()) {
               // Held for a while: the registry and the readings are read side by side, so
               // a device's registration may come after its first readings.
-              held.appendValue(reading.json());
+              int count = heldCount.exists() ? heldCount.get() : 0;
+              if (count < HELD_MOST) {
+                held.appendValue(reading.json(System.currentTimeMillis()));
+                heldCount.update(count + 1);
+              }
               continue;
             }
             k.read(reading);
@@ -214,10 +233,25 @@ public final class RealtimeScoring {
         this.out = out;
         known = version.exists() ? version.get() : 0L;
         text = params.exists() ? params.get() : null;
-        current = text != null ? Params.parse(text) : null;
+        current = stored(text);
         remembered = memory.exists() ? memory.get() : "";
         runId = run.exists() ? run.get() : null;
         scored = seq.exists() ? seq.get() : 0L;
+      }
+
+      /**
+       * The key's stored parameters; null for none, or for those of an earlier version that
+       * this one cannot score with (no {@code tail}): the key scores 0 until the next version.
+       */
+      private Params stored(String stored) {
+        if (stored == null) {
+          return null;
+        }
+        try {
+          return Params.parse(stored);
+        } catch (IllegalArgumentException e) {
+          return null;
+        }
       }
 
       void model(long given, String newer) {
@@ -281,6 +315,11 @@ public final class RealtimeScoring {
       }
     }
 
+    private void forgetHeld() {
+      held.clear();
+      heldCount.clear();
+    }
+
     /** Why a {@code models} record's parameters cannot be scored with, or null. */
     private static String problem(Row r) {
       String text = r.getAs("params");
@@ -319,20 +358,24 @@ public final class RealtimeScoring {
           r.getAs("id"));
     }
 
-    static Reading parse(String json) throws JsonProcessingException {
-      JsonNode n = SeriesScorer.JSON.readTree(json);
+    static Reading parse(JsonNode n) {
       return new Reading(
-          n.get("device").asText(), n.get("metric").asText(), n.get("value").asDouble(),
-          n.get("time").asText(), n.get("id").asText());
+          n.get("device").asText(),
+          n.get("metric").asText(),
+          n.get("value").asDouble(),
+          n.path("time").isNull() ? null : n.get("time").asText(),
+          n.get("id").asText());
     }
 
-    String json() {
+    /** The reading as JSON, with when it was held ({@code held_at}, epoch ms). */
+    String json(long heldAt) {
       ObjectNode n = SeriesScorer.JSON.createObjectNode();
       n.put("device", device);
       n.put("metric", metric);
       n.put("value", value);
       n.put("time", time);
       n.put("id", id);
+      n.put("held_at", heldAt);
       return n.toString();
     }
   }

@@ -286,12 +286,8 @@ def iot_latency(
     from kappaflow_bench.iot_latency import COLUMNS, LatencyBenchResult, rows
     from kappaflow_bench.iot_latency_run import ALERTS, SCORERS, run
 
-    chosen = [name.strip() for name in scorers.split(",") if name.strip()]
-    if not chosen or any(name not in SCORERS for name in chosen):
-        raise click.BadParameter(f"choose among {', '.join(SCORERS)}", param_hint="--scorers")
-    places = [name.strip() for name in placements.split(",") if name.strip()]
-    if not places or any(name not in ALERTS for name in places):
-        raise click.BadParameter(f"choose among {', '.join(ALERTS)}", param_hint="--alerts")
+    chosen = _among(scorers, SCORERS, "--scorers")
+    places = _among(placements, ALERTS, "--alerts")
     results: dict[tuple[str, str], LatencyBenchResult] = {}
     with svc.embedded_services(ctx.settings, say):
         for scorer in chosen:
@@ -343,6 +339,14 @@ def iot_latency(
                 if a is not None and b
             ]
             say(f"{name}, {ours.phase} at {ours.rate:,.0f}/s: {', '.join(figures)}")
+
+
+def _among(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
+    """The comma-separated names of ``text``, each one of ``allowed``."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in allowed for name in names):
+        raise click.BadParameter(f"choose among {', '.join(allowed)}", param_hint=option)
+    return names
 
 
 COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency)

@@ -41,6 +41,7 @@ lint: $(VENV_STAMP)
 	$(BIN)/ruff check src tests benchmarks examples conftest.py
 	$(BIN)/ruff format --check src tests benchmarks examples conftest.py
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 format: $(VENV_STAMP)
 	$(BIN)/ruff format src tests benchmarks examples conftest.py

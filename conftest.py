@@ -244,8 +244,15 @@ def topic_name() -> str:
 
 @pytest.fixture(scope="session")
 def spark(kafka: Settings) -> Iterator[SparkSession]:
+    from kappaflow.iot.jvm.scorer import scorer_jar
     from kappaflow.spark.session import build_session
 
+    # With the IoT scorer's classes, which tests call directly (test_iot_jvm_scorer.py), as
+    # the real-time scorer's driver has them.
+    jar = scorer_jar(kafka)
+    if jar is not None:
+        conf = {**kafka.spark.conf, "spark.jars": str(jar.resolve())}
+        kafka = kafka.model_copy(update={"spark": kafka.spark.model_copy(update={"conf": conf})})
     session = build_session(kafka, "kappaflow-tests")
     try:
         yield session

@@ -31,7 +31,8 @@ from kappaflow.errors import (
     SubscriberTooSlowError,
     UnknownOutputError,
 )
-from kappaflow.jobs.manager import PLAN, JobManager, JobRecord, JobState
+from kappaflow.jobs.files import PLAN
+from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.settings import KafkaSettings
 from kappaflow.timeutil import iso, parse_time, to_epoch_ms
 

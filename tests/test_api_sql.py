@@ -24,7 +24,8 @@ from conftest import error_line, run_kappaflow
 from service import VIEWS, Served, expected_windows, serve
 
 from kappaflow.api.sql import lake_connection, run_sql
-from kappaflow.jobs.manager import PLAN, JobManager, JobRecord, JobState
+from kappaflow.jobs.files import PLAN
+from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.settings import Settings
 from kappaflow.timeutil import parse_time, to_epoch_ms
 from kappaflow.waiting import wait_for

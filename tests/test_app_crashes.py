@@ -19,8 +19,8 @@ from live_jobs import send_json, topic_values
 
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.streams.lake_read import read_arrow
-from kappaflow.streams.writer import STEPS
+from kappaflow.streams.output.lake_read import read_arrow
+from kappaflow.streams.output.writer import STEPS
 from kappaflow.waiting import wait_for
 from test_app_jobs import (
     PATH,

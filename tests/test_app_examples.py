@@ -16,12 +16,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 import kappaflow as kf
 from alarm import build as alarm
-from kappaflow.jobs.pipeline import JobContext
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.kafka.topics import create_topic
 from kappaflow.serving.client import redis_prefix
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
-from kappaflow.streams.lake_read import read_arrow
+from kappaflow.streams.output.lake_read import read_arrow
 from kappaflow.waiting import wait_for
 from orders import build as orders
 from test_alarm import BATCHES, alerts

@@ -24,12 +24,12 @@ from pyspark.sql import functions as F
 
 import kappaflow as kf
 from kappaflow.errors import KappaflowError
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.manager import JobManager
-from kappaflow.jobs.pipeline import JobContext
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
-from kappaflow.streams.lake_read import read_arrow
+from kappaflow.streams.output.lake_read import read_arrow
 from kappaflow.waiting import wait_for
 from revenue import build as revenue
 

@@ -16,13 +16,13 @@ from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kappaflow.jobs.pipeline import JobContext
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import free_port
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
-from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.lake_read import read_spark
+from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.lake_read import read_spark
 from kappaflow.waiting import wait_for
 from revenue import build as revenue
 from test_app_jobs import PATH, order

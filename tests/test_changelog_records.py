@@ -4,9 +4,9 @@ import json
 
 import pyarrow as pa
 
-from kappaflow.streams.backends import BatchAccount, MemoryStore, stored_windows
-from kappaflow.streams.windowing import output_table
-from kappaflow.streams.writer import changelog_records
+from kappaflow.streams.ops.windowing import output_table
+from kappaflow.streams.output.backends import BatchAccount, MemoryStore, stored_windows
+from kappaflow.streams.output.writer import changelog_records
 
 MINUTE = 60_000
 START = 1_795_000_000_000  # 2026-11-18T11:06:40Z

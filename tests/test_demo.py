@@ -10,7 +10,7 @@ from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow import services
 from kappaflow.counting.store import CountStore, WindowCount
-from kappaflow.demo import live_columns
+from kappaflow.demos.clicks import live_columns
 from kappaflow.jobs.manager import JobManager
 from kappaflow.serving.client import redis_client
 from kappaflow.serving.redis_server import EmbeddedRedis

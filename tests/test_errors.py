@@ -300,7 +300,7 @@ def test_pipeline_references(offline: Settings) -> None:
 
 
 def test_missing_parameter(offline: Settings) -> None:
-    from kappaflow.jobs.pipeline import JobContext
+    from kappaflow.jobs.contract import JobContext
 
     ctx = JobContext("j1", {}, spark=cast(Any, None), settings=offline)
     with pytest.raises(errors.MissingParameterError, match="needs the parameter 'source'") as c:

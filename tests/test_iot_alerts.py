@@ -13,11 +13,11 @@ from pyspark.sql import SparkSession
 import kappaflow as kf
 from kappaflow.api.results import latest_records
 from kappaflow.iot import alerts
-from kappaflow.jobs.pipeline import JobContext
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
-from kappaflow.streams.backends import read_latest
+from kappaflow.streams.output.backends import read_latest
 from kappaflow.waiting import wait_for
 
 START = datetime(2026, 11, 20, tzinfo=UTC)

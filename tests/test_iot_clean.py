@@ -24,10 +24,10 @@ from kappaflow.iot.clean import CLEAN_TOPIC, build
 from kappaflow.iot.registry import REGISTRY_TOPIC, digest, register
 from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
 from kappaflow.iot.telemetry import READINGS_TOPIC, to_canonical
-from kappaflow.jobs.pipeline import JobContext
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.kafka.clients import producer
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
 from kappaflow.timeutil import to_epoch_ms
 from kappaflow.waiting import wait_for
 

@@ -12,7 +12,7 @@ from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow import services
 from kappaflow.api.server import EmbeddedApi
-from kappaflow.iot.demo import JOB, MODELS, SCORER
+from kappaflow.demos.iot import JOB, MODELS, SCORER
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.records import StartAt, read_records

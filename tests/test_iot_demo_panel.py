@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from kappaflow.iot.demo import MODELS, SCORES, Outputs
+from kappaflow.demos.iot import MODELS, SCORES, Outputs
 
 
 def test_the_median_time_to_a_score_is_of_the_last_ten_seconds() -> None:

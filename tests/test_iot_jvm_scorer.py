@@ -11,8 +11,8 @@ import pytest
 from py4j.java_gateway import get_field
 from pyspark.sql import SparkSession
 
-from kappaflow.install.scorer import scorer_jar
 from kappaflow.iot.evaluation import rounds
+from kappaflow.iot.jvm.scorer import scorer_jar
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
 from kappaflow.settings import Settings
 from test_iot_models import _daily

@@ -17,10 +17,10 @@ from pyspark.sql import SparkSession
 import kappaflow as kf
 from kappaflow.iot import app, score, train
 from kappaflow.iot.models import ALERT_SCORE, MODELS
-from kappaflow.jobs.pipeline import JobContext
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.kafka.topics import create_topic, describe_topic
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
 from kappaflow.waiting import wait_for
 
 START = datetime(2026, 11, 20, tzinfo=UTC)

@@ -539,7 +539,7 @@ def test_without_a_broker_the_error_says_how_to_install_one(
 
 
 def test_setup_without_root_uses_amqtt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from kappaflow.install import mqtt as install
+    from kappaflow.mqtt import setup as install
 
     if not amqtt_installed():
         pytest.skip("amqtt is not installed")

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kappaflow.jobs import runner
+from kappaflow.jobs.contract import JobContext, Part, Pipeline
 from kappaflow.jobs.manager import JobRecord, JobState
 from kappaflow.jobs.parts import PartProcesses
-from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
 from kappaflow.settings import Settings
 
 

@@ -4,7 +4,7 @@ import json
 
 import pyarrow as pa
 
-from kappaflow.counting.json_columns import iso_literals, string_literals
+from kappaflow.streams.output.json_columns import iso_literals, string_literals
 from kappaflow.timeutil import from_epoch_ms, iso
 
 AWKWARD = ["plain", 'with "quotes"', "back\\slash", "new\nline", "tab\there", "\x01", "été", ""]

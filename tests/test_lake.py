@@ -26,9 +26,9 @@ from kappaflow.errors import (
     LakePublishError,
     LakeSchemaError,
 )
-from kappaflow.streams.lake import STEPS, LakeWriter
-from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.lake_read import (
+from kappaflow.streams.output.lake import STEPS, LakeWriter
+from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.lake_read import (
     committed_files,
     read_arrow,
     read_spark,

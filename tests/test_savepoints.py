@@ -32,13 +32,14 @@ from pyspark.sql import SparkSession
 
 import kappaflow.cli
 from kappaflow.errors import TopicNotFoundError
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
-from kappaflow.jobs.pipeline import JobContext, load_build
+from kappaflow.jobs.pipeline import load_build
 from kappaflow.jobs.restore import Change, compare_plans, restore
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
-from kappaflow.streams.lake_read import read_arrow
+from kappaflow.streams.output.lake_read import read_arrow
 
 pytestmark = pytest.mark.long
 

@@ -27,7 +27,7 @@ from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.procs import ProcState, free_port
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
-from kappaflow.streams.backends import BatchAccount, RedisStore
+from kappaflow.streams.output.backends import BatchAccount, RedisStore
 
 # Starts services of its own.
 pytestmark = pytest.mark.integration

@@ -24,11 +24,11 @@ from packed_rows import dead_letters, packed_rows, packed_tester
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import table_from_ipc
-from kappaflow.counting.kinds import SESSIONS_WINDOW
-from kappaflow.streams.folding import partial_name
-from kappaflow.streams.session_windows import DEAD_SHARD, SessionAggregator, SessionState
-from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
+from kappaflow.streams.kinds import SESSIONS_WINDOW
+from kappaflow.streams.ops.arrow_ipc import table_from_ipc
+from kappaflow.streams.ops.folding import partial_name
+from kappaflow.streams.ops.session_windows import DEAD_SHARD, SessionAggregator, SessionState
+from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA
 
 GAP = 10
 LATENESS = 20

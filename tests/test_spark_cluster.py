@@ -23,7 +23,7 @@ from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import COMPACTED, create_topic
 from kappaflow.settings import Settings
 from kappaflow.spark.standalone import StandaloneCluster
-from kappaflow.streams.lake_read import read_arrow
+from kappaflow.streams.output.lake_read import read_arrow
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 from test_counting import DEFINITION, changelog, events, expected, store_counts, wait_stats

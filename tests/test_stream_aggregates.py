@@ -17,8 +17,8 @@ import pytest
 import kappaflow.streams.aggregates as kf
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.folding import WEIGHT, input_name, partial_name, reduce_groups
-from kappaflow.streams.windowing import values_json
+from kappaflow.streams.ops.folding import WEIGHT, input_name, partial_name, reduce_groups
+from kappaflow.streams.ops.windowing import values_json
 
 
 def raw(keys: list[str], values: list[Any], aggregates: list[Aggregate]) -> pa.Table:

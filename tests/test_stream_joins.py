@@ -20,8 +20,8 @@ import kappaflow as kf
 from kappaflow.cli.plan import show_plan
 from kappaflow.errors import KappaflowError
 from kappaflow.spark.checkpoint import batch_watermark
+from kappaflow.streams.output.writer import join_watermark
 from kappaflow.streams.runtime import declare, describe
-from kappaflow.streams.writer import join_watermark
 from kappaflow.testing import BatchFiles
 
 

@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import LongType, StringType, TimestampType
 
 from kappaflow.errors import StreamError
-from kappaflow.streams import parsing
-from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.ops import parsing
+from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import EventTime, RecordSchema, compile_schema
 
 RAW = "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"

@@ -22,14 +22,14 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery, TwsTester
 
 from kappaflow.errors import KappaflowError, StateIncompatibleError
+from kappaflow.jobs.plan import record_plan, signature, verify_restart
 from kappaflow.streams import runtime
-from kappaflow.streams.check import record_plan, signature, verify_restart
 from kappaflow.streams.job import Job, Stream
-from kappaflow.streams.lake_fs import HadoopFs
+from kappaflow.streams.ops.stateful_run import OFFSET, PARTITION, RECORD, TIME, KeyedProcessor
+from kappaflow.streams.output.lake_fs import HadoopFs
 from kappaflow.streams.runtime import declare
 from kappaflow.streams.sinks import lake, topic
 from kappaflow.streams.stateful import StateContext, StatefulFunction, stateful
-from kappaflow.streams.stateful_run import OFFSET, PARTITION, RECORD, TIME, KeyedProcessor
 from kappaflow.testing import BatchFiles, run
 
 NEVER_LATE = 2**62

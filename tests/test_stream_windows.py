@@ -23,11 +23,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import unpack
 from kappaflow.errors import KappaflowError
 from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.folding import Folder, input_name
-from kappaflow.streams.windowing import (
+from kappaflow.streams.ops.arrow_ipc import unpack
+from kappaflow.streams.ops.folding import Folder, input_name
+from kappaflow.streams.ops.windowing import (
     OUTPUT_ARROW_SCHEMA,
     WindowAggregator,
     WindowState,

@@ -22,10 +22,10 @@ from packed_rows import changes, dead_letters, packed_rows, packed_tester
 from pyspark.sql.streaming import TwsTester
 
 import kappaflow.streams.aggregates as kf
-from kappaflow.counting.arrow_ipc import table_from_ipc
-from kappaflow.counting.kinds import DEAD_WINDOW
-from kappaflow.streams.folding import Folder, partial_name
-from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA, WindowAggregator, WindowState
+from kappaflow.streams.kinds import DEAD_WINDOW
+from kappaflow.streams.ops.arrow_ipc import table_from_ipc
+from kappaflow.streams.ops.folding import Folder, partial_name
+from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA, WindowAggregator, WindowState
 
 SIZE = 60_000
 START = 600_000

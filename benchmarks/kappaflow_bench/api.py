@@ -33,10 +33,10 @@ from typing import Any
 
 from kappaflow.errors import JobError
 from kappaflow.jobs.manager import ACTIVE_STATES, JobManager, JobState
+from kappaflow.jobs.status import job_status
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
 from kappaflow.serving.client import redis_client, redis_prefix
 from kappaflow.settings import Settings, SettingsOverrides
-from kappaflow.streams.status import job_status
 from kappaflow.waiting import wait_for
 from kappaflow_bench.count import clean_up, event, measure_throughput, produce_backlog
 from kappaflow_bench.report import machine, write_json
@@ -50,7 +50,7 @@ VARIANTS: dict[str, tuple[str, str] | None] = {
 #: A driver log's line per finished batch (jobs/runner.py ``_log_batches``).
 _PROGRESS = re.compile(r"^progress \S+ batch (\d+): (\d+) rows; ms ?([^;]*)")
 #: The batch writers' own lines: the count job's (counting/sink.py), an output's
-#: (streams/writer.py).
+#: (streams/output/writer.py).
 _WRITER = re.compile(r"^(output \S+ )?batch \d+: ")
 #: What a batch's progress says of each stateful operator's time and rows.
 _OPERATOR_FIGURES = {

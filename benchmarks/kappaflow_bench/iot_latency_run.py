@@ -50,6 +50,7 @@ from kappaflow.iot.registry import fleet_tokens, register
 from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
 from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
 from kappaflow.jobs.manager import ACTIVE_STATES, START_TIMEOUT_S, JobManager, JobState
+from kappaflow.jobs.removal import remove_job
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import (
@@ -60,7 +61,6 @@ from kappaflow.kafka.topics import (
     list_topics,
 )
 from kappaflow.settings import KafkaSettings, Settings, SettingsOverrides
-from kappaflow.streams.removal import remove_job
 from kappaflow.waiting import wait_for
 from kappaflow_bench.iot_latency import (
     MATURE_SHARE,

@@ -43,13 +43,14 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, TopicPartition
 
 from kappaflow.api.server import EmbeddedApi
-from kappaflow.jobs.manager import PLAN, JobManager, JobRecord, JobState, write_atomically
+from kappaflow.jobs.files import PLAN, write_atomically
+from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
 from kappaflow.procs import free_port
 from kappaflow.settings import Settings
-from kappaflow.streams.backends import KafkaPublisher, commits_topic
-from kappaflow.streams.writer import changelog_records
+from kappaflow.streams.output.backends import KafkaPublisher, commits_topic
+from kappaflow.streams.output.writer import changelog_records
 from kappaflow.timeutil import iso
 from kappaflow.waiting import wait_for
 from kappaflow_bench.report import machine, percentile, write_json

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
         min,
         sum,
     )
-    from kappaflow.streams.job import Job, Stream, Table, Windowed, logged_at
+    from kappaflow.streams.job import Job, Stream, Table, Windowed
+    from kappaflow.streams.model import logged_at
     from kappaflow.streams.schema import EventTime
     from kappaflow.streams.sinks import lake, store, topic
     from kappaflow.streams.stateful import StateContext, stateful
@@ -47,7 +48,7 @@ _API = {
     "Stream": "kappaflow.streams.job",
     "Windowed": "kappaflow.streams.job",
     "Table": "kappaflow.streams.job",
-    "logged_at": "kappaflow.streams.job",
+    "logged_at": "kappaflow.streams.model",
     "EventTime": "kappaflow.streams.schema",
     "count": "kappaflow.streams.aggregates",
     "sum": "kappaflow.streams.aggregates",

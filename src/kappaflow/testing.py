@@ -32,8 +32,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kappaflow.errors import HarnessError
-from kappaflow.streams.backends import MemoryPublisher, MemoryStore
-from kappaflow.streams.lake_read import read_arrow
+from kappaflow.streams.output.backends import MemoryPublisher, MemoryStore
+from kappaflow.streams.output.lake_read import read_arrow
 from kappaflow.streams.runtime import Backends, Build, declare, start_outputs
 from kappaflow.timeutil import from_epoch_ms, iso
 

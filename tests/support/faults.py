@@ -5,7 +5,7 @@ Not part of kappaflow. A job runs it only when started with ``--pipeline
 faults:COUNT_WITH_CRASH`` (the counting pipeline) or ``faults:REVENUE_WITH_CRASH`` (the
 revenue example, a job on the job API with Kafka, Redis and lake sinks) and this
 directory on the driver's PYTHONPATH; ``CRASH_AT`` (``STEP:N``) names the step
-(streams/writer.py STEPS) and the first batch id at which to crash,
+(streams/output/writer.py STEPS) and the first batch id at which to crash,
 in a batch that publishes something; the driver writes the step and the batch id it
 crashed in to the file ``CRASH_RECORD`` names, then SIGKILLs itself.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.counting import pipeline as counting
-from kappaflow.jobs.pipeline import JobContext, Pipeline
-from kappaflow.streams.app import start_app
-from kappaflow.streams.writer import STEPS
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext, Pipeline
+from kappaflow.streams.output.writer import STEPS
 
 CRASH_AT = "KAPPAFLOW_FAULT_CRASH_AT"
 CRASH_RECORD = "KAPPAFLOW_FAULT_RECORD"

@@ -10,8 +10,8 @@ import pyarrow as pa
 from pyspark.sql.streaming import TwsTester
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from kappaflow.counting.arrow_ipc import PackedProcessor, unpack
-from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
+from kappaflow.streams.ops.arrow_ipc import PackedProcessor, unpack
+from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA
 
 
 def packed_rows(packed: object, schema: pa.Schema = OUTPUT_ARROW_SCHEMA) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.errors import JobError
-from kappaflow.jobs.pipeline import JobContext, Pipeline
+from kappaflow.jobs.contract import JobContext, Pipeline
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.timeutil import parse_duration

@@ -128,7 +128,7 @@ def create_app(settings: Settings) -> FastAPI:
         summary="A job's record, its outputs' accounting and progress, and its plan.",
     )
     def job_status(job: str) -> dict[str, Any]:
-        from kappaflow.streams.status import job_status
+        from kappaflow.jobs.status import job_status
 
         return {**job_status(settings, job), "plan": jobs.plan(job)}
 

@@ -186,7 +186,7 @@ _OUTPUT_LABELS = ["job", "output"]
 
 class JobCollector(Collector):
     """Every job's state, and its outputs' progress and accounting, read at each scrape
-    from the files the jobs' drivers write (``kappaflow.streams.status``)."""
+    from the files the jobs' drivers write (``kappaflow.jobs.status``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -195,7 +195,7 @@ class JobCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        from kappaflow.streams.status import job_status
+        from kappaflow.jobs.status import job_status
 
         states = GaugeMetricFamily(
             "kappaflow_job_state",

@@ -1,6 +1,6 @@
 """Queries over the serving store, for every job's outputs alike.
 
-Every output a job writes to Redis has one layout (streams/backends.py ``RedisStore``):
+Every output a job writes to Redis has one layout (streams/output/backends.py ``RedisStore``):
 under ``kf:JOB:OUTPUT:``, a hash per key of its windows (``w:KEY``, window start in epoch
 ms → ``{"end", "values", "version", "final"}``), the set of keys (``keys``), a keyed
 stream's latest record per key (``latest``) and the output's running totals (``stats``).

@@ -41,7 +41,7 @@ from kappaflow.errors import (
 )
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.streams.lake_manifest import Manifest
+from kappaflow.streams.output.lake_manifest import Manifest
 
 #: Set on every query's connection once its views exist. ``enable_external_access``
 #: closes files, the network, ``ATTACH``, ``COPY`` and ``INSTALL``; the two autoload
@@ -225,7 +225,7 @@ def lake_connection(
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, list[tuple[LakeTable, list[Manifest]]]]]:
     """A locked-down connection with a view per lake table; the tables and their
     manifests (empty for a table without a committed batch, which has no view)."""
-    from kappaflow.streams.lake_read import committed_dataset, committed_manifests
+    from kappaflow.streams.output.lake_read import committed_dataset, committed_manifests
 
     con = duckdb.connect(":memory:")
     try:

@@ -15,7 +15,7 @@ def demo(ctx: Context, seconds: float, rate: int) -> None:
     """Page views counted per page per minute, shown live (Ctrl-C ends it)."""
     from rich.console import Console
 
-    from kappaflow.demo import run_demo
+    from kappaflow.demos.clicks import run_demo
 
     run_demo(
         ctx.settings,

@@ -154,7 +154,7 @@ def demo_command(ctx: Context, devices: int, rate: float, duration: str | None, 
     one JSON line says what was sent and seen."""
     from rich.console import Console
 
-    from kappaflow.iot.demo import run_iot_demo
+    from kappaflow.demos.iot import run_iot_demo
 
     seconds = parse_duration(duration).total_seconds() if duration is not None else None
     console = Console(stderr=True)

@@ -126,7 +126,7 @@ def check(
             ctx.settings, job_name, app, _parsed_params(params), from_savepoint
         )
     else:
-        from kappaflow.streams.check import check_app
+        from kappaflow.jobs.check import check_app
 
         plan = check_app(ctx.settings, app, name, _parsed_params(params))
     if as_json:
@@ -198,7 +198,7 @@ def status(ctx: Context, name: str, as_json: bool) -> None:
     """Job NAME's state and, per output, its accounting and progress: events read
     (measured from the source offsets processed) and passed, duplicates, late events,
     dead letters, records written; watermark, state size, lag, batch duration."""
-    from kappaflow.streams.status import job_status
+    from kappaflow.jobs.status import job_status
 
     found = job_status(ctx.settings, name)
     if as_json:
@@ -270,7 +270,7 @@ def remove(ctx: Context, name: str) -> None:
     tables and the topics named after it. Started again, NAME begins from nothing."""
     from kappaflow.cli.count import PIPELINE as COUNT
     from kappaflow.counting import lifecycle
-    from kappaflow.streams.removal import remove_job
+    from kappaflow.jobs.removal import remove_job
 
     record = JobManager(ctx.settings).get(name)
     if record.pipeline in (COUNT, "kappaflow.counting.pipeline:PIPELINE"):

@@ -25,8 +25,8 @@ def setup(ctx: Context) -> None:
     driver's class-data archive and install an MQTT broker if there is none (idempotent)."""
     from kappaflow.install import find_java, resolve_all
     from kappaflow.install.localfs import build_local_fs
-    from kappaflow.install.mqtt import ensure_mqtt_broker
-    from kappaflow.install.scorer import build_scorer
+    from kappaflow.iot.jvm.scorer import build_scorer
+    from kappaflow.mqtt.setup import ensure_mqtt_broker
     from kappaflow.spark.cds import build_archive
 
     settings = ctx.settings

@@ -23,7 +23,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException, TopicPartition
 
 from kappaflow.errors import CheckpointRewindError, ConsumeError
-from kappaflow.jobs.manager import JobManager, local_path
+from kappaflow.jobs.files import local_path
+from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer, describe
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import Settings

@@ -15,11 +15,11 @@ from pyspark.sql.streaming.query import StreamingQuery
 from kappaflow.counting import realtime
 from kappaflow.counting.job import OUTPUT, count_job
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
-from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
+from kappaflow.jobs.app import start_app
+from kappaflow.jobs.contract import JobContext, Part, Pipeline
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import Settings
-from kappaflow.streams.app import start_app
-from kappaflow.streams.writer import StepHook
+from kappaflow.streams.output.writer import StepHook
 
 
 def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
@@ -38,7 +38,7 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
 def start(ctx: JobContext, on_step: StepHook | None = None) -> list[StreamingQuery]:
     """Start the job's counting query (or, in its real-time part, the real-time query).
 
-    ``on_step`` is called at each step of every batch's writes (streams/writer.py
+    ``on_step`` is called at each step of every batch's writes (streams/output/writer.py
     STEPS); the fault-injection tests pass one, kappaflow's pipeline none."""
     spec = CountSpec.from_params(dict(ctx.params))
     if ctx.part == REALTIME_PART:

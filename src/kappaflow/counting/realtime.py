@@ -24,7 +24,7 @@ from kappaflow.counting.spec import CountSpec
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
-from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
 
 
@@ -40,7 +40,7 @@ def spark_settings(settings: Settings, partitions: int) -> SettingsOverrides:
 
 def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
     """Kafka records → changelog records (``key``, ``value``) of windowed counts, shaped
-    as the micro-batch path's (streams/writer.py ``changelog_records``), with ``mode``.
+    as the micro-batch path's (streams/output/writer.py ``changelog_records``), with ``mode``.
 
     Records are parsed as the micro-batch path parses them (the same record type, the same
     checks), so both count the same records; those that do not parse are left out here
@@ -85,7 +85,7 @@ def changes(raw: DataFrame, spec: CountSpec) -> DataFrame:
 
 def record_key() -> Column:
     """``["key", start_ms]`` from columns ``key`` and ``window_start``: byte for byte the
-    key of the micro-batch path's records (streams/writer.py ``changelog_records``), so
+    key of the micro-batch path's records (streams/output/writer.py ``changelog_records``), so
     both land in the same partition."""
     quoted = "to_json(array(key))"
     return F.expr(

@@ -2,8 +2,8 @@
 
 For debugging, and for checking the serving store against the state: this reads what
 the job's checkpoint holds for its last committed batch, without disturbing the job. A
-counting job's state is its ``counts`` aggregate's (streams/windowing.py for fixed
-windows, streams/session_windows.py for sessions): per window and shard, or per shard
+counting job's state is its ``counts`` aggregate's (streams/ops/windowing.py for fixed
+windows, streams/ops/session_windows.py for sessions): per window and shard, or per shard
 of keys, an Arrow table of every key's partials and version.
 """
 
@@ -14,14 +14,14 @@ import json
 import pyarrow as pa
 
 import kappaflow as kf
-from kappaflow.counting.arrow_ipc import table_from_ipc
 from kappaflow.counting.job import OUTPUT
 from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import WindowCount
 from kappaflow.errors import NoCommittedStateError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.streams.windowing import values_json
+from kappaflow.streams.ops.arrow_ipc import table_from_ipc
+from kappaflow.streams.ops.windowing import values_json
 
 
 def read_state(settings: Settings, job: str) -> list[WindowCount]:

@@ -1,7 +1,7 @@
 """A counting job's results in the serving store, and the queries on them.
 
 A counting job is a job on the job API (job.py) whose one output is ``counts``, so its
-results have that output's layout (streams/backends.py ``RedisStore``), under
+results have that output's layout (streams/output/backends.py ``RedisStore``), under
 ``kf:NAME:counts:``:
 - ``w:["<key>"]``: a hash, one field per window start (epoch ms), holding JSON
   ``{"end", "values": {"count"}, "version", "final"}``;
@@ -25,8 +25,8 @@ from typing import Any
 import redis
 
 from kappaflow.counting.job import OUTPUT
-from kappaflow.counting.kinds import SESSIONS_WINDOW
 from kappaflow.serving.client import drop_job_keys, redis_prefix
+from kappaflow.streams.kinds import SESSIONS_WINDOW
 from kappaflow.timeutil import from_epoch_ms, iso
 
 

@@ -1,4 +1,5 @@
-"""Jars kappaflow compiles at setup from the Java sources it ships (``java/``).
+"""Jars kappaflow compiles at setup from the Java sources it ships (a ``java/`` folder
+beside the package that uses them).
 
 Each is built with the JDK's ``javac`` against jars PySpark ships, into
 ``<jars_dir>/<folder>/``, and built again when its sources or those jars change (a stamp
@@ -51,9 +52,11 @@ class JavaBuild:
     package: tuple[str, ...]
     classpath: Callable[[], Sequence[Path]]
     without: str
+    #: The package whose ``java/`` folder holds the sources.
+    home: str = "kappaflow.install"
 
     def _sources(self) -> list[Traversable]:
-        where = resources.files("kappaflow.install").joinpath("java", *self.package)
+        where = resources.files(self.home).joinpath("java", *self.package)
         return sorted(
             (entry for entry in where.iterdir() if entry.name.endswith(".java")),
             key=lambda entry: entry.name,

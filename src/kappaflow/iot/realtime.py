@@ -20,7 +20,7 @@ that comes before its device's registration waits for it for a minute.
 
 Real-time mode runs long batches whose tasks hand each record on as it comes, but it
 takes no Python operator (docs/iot.md), so the per-key scoring runs on the JVM:
-``io.kappaflow.iot.RealtimeScoring`` (built at setup, ``install/scorer.py``), which scores
+``io.kappaflow.iot.RealtimeScoring`` (built at setup, ``iot/jvm/``), which scores
 as ``kappaflow.iot.score`` does, with the same models and the same memory. One query reads
 ``source`` and ``models`` together; per ``[device, metric]`` it keeps the newest
 parameters and the scorer's memory, and writes each reading's score to ``dest`` (the
@@ -39,8 +39,9 @@ driver of its own (a part) with exactly those slots on a local master.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import timedelta
+from pathlib import Path
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -54,7 +55,6 @@ from pyspark.sql.types import (
 )
 
 from kappaflow.errors import InvalidParameterError, SetupError
-from kappaflow.install.scorer import scorer_jar
 from kappaflow.iot.clean import (
     CLEAN_TOPIC,
     DEDUP_MS,
@@ -64,18 +64,19 @@ from kappaflow.iot.clean import (
     canonical_units,
     duration_ms,
 )
+from kappaflow.iot.jvm.scorer import scorer_jar
 from kappaflow.iot.models import DEFAULT_MODEL
 from kappaflow.iot.registry import REGISTRY_TOPIC
 from kappaflow.iot.score import SCORES_TOPIC
 from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
 from kappaflow.iot.train import FORGET_AFTER, MODELS_TOPIC
-from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
+from kappaflow.jobs.contract import JobContext, Part, Pipeline
+from kappaflow.jobs.resources import Resources, record_resources
 from kappaflow.kafka.topics import COMPACTED, create_topic, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
-from kappaflow.streams.parsing import parse_records
-from kappaflow.streams.removal import Resources, record_resources
+from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
 from kappaflow.timeutil import parse_duration
 
@@ -146,25 +147,32 @@ def _family(params: Mapping[str, str]) -> str:
     return model
 
 
-def _needs_jar(settings: Settings) -> None:
-    if scorer_jar(settings) is None:
+def _needs_jar(settings: Settings) -> Path:
+    jar = scorer_jar(settings)
+    if jar is None:
         raise SetupError(
             "the real-time scorer needs kappaflow-iot.jar, which setup builds with a JDK's "
             "javac: install a JDK and run `make setup`"
         )
+    return jar
 
 
 def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
     # Refused in the job's main driver, before a part's driver starts.
     _family(params)
     _from_raw(params)
-    _needs_jar(settings)
+    jar = _needs_jar(settings)
     registry = _registry(params)
     if registry is not None:
         # As the gateway and `kappaflow iot register` make it, if no device is registered yet.
         create_topic(settings.kafka, registry, partitions=1, configs=dict(COMPACTED), exist_ok=True)
     slots, _ = _slots(settings, params)
-    return [Part(PART, real_time_spark(settings, slots))]
+    spark = real_time_spark(settings, slots)
+    # The part's driver alone loads the scorer's classes (spark.jars, which executors of a
+    # cluster fetch too).
+    theirs = settings.spark.conf.get("spark.jars")
+    jars = ",".join(filter(None, (theirs, str(jar.resolve()))))
+    return [Part(PART, replace(spark, spark_conf={**(spark.spark_conf or {}), "spark.jars": jars}))]
 
 
 _ENTRY = "device STRING, present BOOLEAN"

@@ -1,2 +1,3 @@
-"""Streaming jobs: what a job computes (pipelines), and each job as a supervised driver
-process of its own, managed by name."""
+"""Running jobs: the contract a job's driver fulfils (parts of a pipeline), each job as a
+supervised driver process of its own managed by name, its plan, status, savepoints,
+restores and removal."""

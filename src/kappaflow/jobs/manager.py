@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from kappaflow.errors import (
     InvalidJobNameError,
@@ -34,6 +33,7 @@ from kappaflow.errors import (
     JobStartTimeoutError,
     RestoreIncompleteError,
 )
+from kappaflow.jobs.files import PLAN, RESTORING, local_path, write_atomically
 from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.procs import ManagedProcess, ProcState, tail
 from kappaflow.settings import Settings, SettingsOverrides
@@ -47,12 +47,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 #: (runner.PART_START_TIMEOUT_S, 150 s).
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
-#: The job's plan as its driver declared it (``streams.runtime.describe``); a part's
-#: driver writes ``plan.PART.json`` beside it.
-PLAN = "plan.json"
-#: Present while a start from a savepoint restores the job (jobs/savepoints.py): names
-#: the savepoint; the job then starts from a savepoint only.
-RESTORING = "restoring.json"
 
 
 class JobState(StrEnum):
@@ -100,26 +94,6 @@ class JobRecord:
     def save(self, path: Path) -> None:
         fields = {**asdict(self), "overrides": self.overrides.to_json()}
         write_atomically(path, json.dumps(fields, indent=2) + "\n")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a scratch file, then rename it over ``path``: a reader (status,
-    `jobs`, the demo) sees the old file or the new one, never half of one."""
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(text)
-    scratch.replace(path)
-
-
-def local_path(location: str) -> Path | None:
-    """The path a location (a checkpoint's, a lake table's) names on this machine (a
-    path, or a ``file:`` URI as Hadoop reads it: the path as written, not
-    percent-decoded); None on another file system."""
-    parts = urlsplit(location)
-    if not parts.scheme:
-        return Path(location)
-    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
-        return Path(parts.path)
-    return None
 
 
 def validate_name(name: str) -> str:

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import JobStartError
-from kappaflow.jobs.manager import JobState, write_atomically
+from kappaflow.jobs.files import write_atomically
+from kappaflow.jobs.manager import JobState
 from kappaflow.procs import ManagedProcess, ProcState, tail
 from kappaflow.waiting import wait_for
 
 if TYPE_CHECKING:
-    from kappaflow.jobs.pipeline import Part
+    from kappaflow.jobs.contract import Part
 
 PART_ARG = "--kappaflow-part="
 

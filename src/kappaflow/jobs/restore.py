@@ -20,7 +20,8 @@ from kappaflow.errors import (
     SavepointIncompatibleError,
     TopicExistsError,
 )
-from kappaflow.jobs.manager import RESTORING, JobManager, local_path, write_atomically
+from kappaflow.jobs.files import RESTORING, local_path, write_atomically
+from kappaflow.jobs.manager import JobManager
 from kappaflow.jobs.savepoints import (
     OUTPUTS,
     STORE,
@@ -31,7 +32,7 @@ from kappaflow.jobs.savepoints import (
     read_markers,
 )
 from kappaflow.settings import Settings
-from kappaflow.streams.lake_manifest import MANIFEST_DIR, PUBLISHING_DIR, Manifest, is_record
+from kappaflow.streams.output.lake_manifest import MANIFEST_DIR, PUBLISHING_DIR, Manifest, is_record
 from kappaflow.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def compare_plans(
     states: Mapping[str, Any],
     plan: Mapping[str, Any],
 ) -> list[Change]:
-    """What changed from a savepoint (each output's state definition, streams/check.py,
+    """What changed from a savepoint (each output's state definition, jobs/check.py,
     and its plan, runtime.describe) to the new code, and whether Spark and the sinks take
     each change. Filters and projections before an output's state are in neither: Spark
     takes them, and so do the sinks (a lake table's columns aside: :func:`lake_columns`)."""
@@ -146,7 +147,7 @@ def _sink_changes(name: str, held: Mapping[str, Any], now: Mapping[str, Any]) ->
 def lake_columns(savepoint: Savepoint, plan: Mapping[str, Any], job: Job) -> list[Change]:
     """Refusals of a stream output whose rows changed columns while its lake table, as
     the savepoint left it, has others: the table's columns are fixed (KF721)."""
-    from kappaflow.streams.job import BOOKKEEPING
+    from kappaflow.streams.model import BOOKKEEPING
 
     batches = savepoint.manifest["sinks"]["lake_batches"]
     outputs = {o.name: o for o in job.outputs}
@@ -170,7 +171,7 @@ def lake_columns(savepoint: Savepoint, plan: Mapping[str, Any], job: Job) -> lis
 
 
 def _column_types(schema: dict[str, Any]) -> dict[str, str]:
-    from kappaflow.streams.lake_manifest import column_types
+    from kappaflow.streams.output.lake_manifest import column_types
 
     return column_types(schema)
 
@@ -202,11 +203,11 @@ def check(
     """Declare the job with its new code and compare it with savepoint ``label``: the
     savepoint and the new plan, with the changes it takes; a change it does not take is
     refused (KF622). Nothing is changed."""
+    from kappaflow.jobs.app import KafkaReader
     from kappaflow.jobs.pipeline import load_build
+    from kappaflow.jobs.plan import signature
     from kappaflow.kafka.topics import list_topics
     from kappaflow.spark.session import build_session
-    from kappaflow.streams.app import KafkaReader
-    from kappaflow.streams.check import signature
     from kappaflow.streams.runtime import declare, describe
 
     savepoint = find(settings, name, label)
@@ -254,10 +255,10 @@ def restore(
     and a change the savepoint cannot take."""
     from pyspark.sql import SparkSession
 
+    from kappaflow.jobs.resources import read_resources
     from kappaflow.kafka.topics import list_topics
     from kappaflow.serving.client import redis_client
     from kappaflow.spark.session import build_session
-    from kappaflow.streams.removal import read_resources
 
     jobs = JobManager(settings)
     jobs.get(name)
@@ -322,7 +323,7 @@ def _restore_markers(settings: Settings, name: str, wanted: Mapping[str, Any]) -
     the topic, which is made anew with the savepoint's."""
     from kappaflow.kafka.clients import producer
     from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
-    from kappaflow.streams.backends import commits_topic
+    from kappaflow.streams.output.backends import commits_topic
 
     def batches(markers: Mapping[str, Any]) -> dict[str, int]:
         return {output: int(marker["batch_id"]) for output, marker in markers.items()}

@@ -29,9 +29,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import KappaflowError, UnknownPartError
-from kappaflow.jobs.manager import JobRecord, JobState, write_atomically
+from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.files import write_atomically
+from kappaflow.jobs.manager import JobRecord, JobState
 from kappaflow.jobs.parts import PART_ARG, PartProcesses, write_part_state
-from kappaflow.jobs.pipeline import JobContext, load_pipeline
+from kappaflow.jobs.pipeline import load_pipeline
 from kappaflow.jobs.savepoints import answer_savepoint, savepoint_asked
 from kappaflow.timeutil import iso
 

@@ -5,7 +5,7 @@ A savepoint of job NAME is the folder ``<state_dir>/jobs/NAME/savepoints/LABEL/`
 
 - ``checkpoint/``: the job's checkpoint (``<checkpoint_dir>/NAME``), whole: each query's
   metadata, offset and commit logs, sources and RocksDB state (changelogs, snapshots,
-  SST files), and each output's definition (``OUTPUT.plan.json``, streams/check.py);
+  SST files), and each output's definition (``OUTPUT.plan.json``, jobs/check.py);
 - ``manifest.json``: label, job, time (UTC), app and parameters; per output its last
   committed and planned batch, the source offsets of the committed one and what its
   state holds (and a fingerprint of that); where the sinks were: each output's last
@@ -18,7 +18,7 @@ is; a running job's driver, asked through a file in the job's home, stops its qu
 between batches (runner.py), takes the savepoint and starts them again. The checkpoint
 and the sinks are then as a stop leaves them, which a start resumes exactly once from: a
 batch the offset log plans and the commit log does not hold runs again, and each sink
-skips what it holds of it (streams/writer.py).
+skips what it holds of it (streams/output/writer.py).
 
 A start from a savepoint puts the sinks back where the savepoint found them, then the
 checkpoint: the commit markers (``NAME.commits`` is made anew with the savepoint's when
@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kappaflow.errors import (
     InvalidSavepointLabelError,
@@ -66,14 +66,12 @@ from kappaflow.errors import (
     WaitTimeoutError,
     catalogue,
 )
-from kappaflow.jobs.manager import PLAN, JobManager, local_path, write_atomically
+from kappaflow.jobs.files import PLAN, local_path, write_atomically
+from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.streams.lake_manifest import MANIFEST_DIR, is_record
+from kappaflow.streams.output.lake_manifest import MANIFEST_DIR, is_record
 from kappaflow.timeutil import iso
 from kappaflow.waiting import wait_for
-
-if TYPE_CHECKING:
-    pass
 
 SAVEPOINTS = "savepoints"
 MANIFEST = "manifest.json"
@@ -173,7 +171,7 @@ def _check_new(folder: Path, name: str, label: str) -> None:
 def take_here(settings: Settings, name: str, label: str, *, paused: bool = False) -> Savepoint:
     """Copy job ``name``'s checkpoint and record its sinks' progress, in this process; no
     query of the job may run (``paused``: its driver stopped them for this)."""
-    from kappaflow.streams.removal import read_resources
+    from kappaflow.jobs.resources import read_resources
 
     jobs = JobManager(settings)
     record = jobs.get(name)
@@ -301,7 +299,7 @@ def read_markers(settings: Settings, name: str) -> dict[str, dict[str, Any]]:
     """Each output's last committed marker in ``NAME.commits``, as KafkaPublisher reads
     them (the highest batch per output, read_committed)."""
     from kappaflow.kafka.records import StartAt, read_records
-    from kappaflow.streams.backends import commits_topic
+    from kappaflow.streams.output.backends import commits_topic
 
     found: dict[str, dict[str, Any]] = {}
     try:

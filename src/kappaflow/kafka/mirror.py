@@ -20,9 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from kappaflow.errors import (
     InvalidSettingError,
     KafkaUnreachableError,
+    KappaflowError,
     MirrorClusterUnreachableError,
     MirrorStartError,
     MirrorTargetError,
@@ -31,6 +34,7 @@ from kappaflow.install.artifacts import kafka_mirror_jars
 from kappaflow.install.java import find_java
 from kappaflow.kafka.clients import cluster_metadata
 from kappaflow.kafka.node import rolling_log4j2, writable_dirs
+from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import ManagedProcess, ProcState, tail
 from kappaflow.settings import KafkaSettings, Settings
 from kappaflow.waiting import wait_for
@@ -196,8 +200,6 @@ class Mirror:
         self.plan_file.write_text(json.dumps(plan.to_json()) + "\n")
 
     def _wait_running(self, backup: KafkaSettings, timeout: float) -> None:
-        from kappaflow.kafka.mirror_status import connector_states
-
         pid = self.process.status().pid
         began = time.time()
 
@@ -310,3 +312,29 @@ def plan_or_settings(mirror: Mirror) -> dict[str, Any]:
         "topics": settings.mirror.topics,
         "groups": settings.mirror.groups,
     }
+
+
+def connector_states(
+    backup: KafkaSettings, *, since_ms: int = 0, timeout: float | None = None
+) -> dict[str, str]:
+    """Each MirrorMaker connector's latest state (``RUNNING``, ``FAILED``, …) as its
+    status topic on the backup holds it, from records written at or after ``since_ms``
+    (a previous run's states are no answer); empty if the backup does not answer."""
+    kafka = backup if timeout is None else backup.model_copy(update={"timeout_s": timeout})
+    states: dict[str, tuple[int, str]] = {}
+    try:
+        for message in read_records(kafka, STATUS_TOPIC, start=StartAt(beginning=True)):
+            key = (message.key() or b"").decode()
+            if not key.startswith("status-connector-"):
+                continue
+            stamp = message.timestamp()[1]
+            if stamp < since_ms:
+                continue
+            value = message.value()
+            state = json.loads(value)["state"] if value else "DELETED"
+            name = key.removeprefix("status-connector-")
+            if stamp >= states.get(name, (-1, ""))[0]:
+                states[name] = (stamp, str(state))
+    except (KappaflowError, KafkaException, ValueError):
+        return {}
+    return {name: state for name, (_, state) in sorted(states.items())}

@@ -9,7 +9,6 @@ gone, and what the backup holds is then what matters.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass
@@ -22,39 +21,13 @@ from kappaflow.kafka.clients import cluster_metadata, consumer
 from kappaflow.kafka.mirror import (
     CHECKPOINTS_TOPIC,
     INTERNAL_TOPICS,
-    STATUS_TOPIC,
     Mirror,
+    connector_states,
     plan_or_settings,
 )
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.settings import KafkaSettings
 from kappaflow.timeutil import from_epoch_ms, iso
-
-
-def connector_states(
-    backup: KafkaSettings, *, since_ms: int = 0, timeout: float | None = None
-) -> dict[str, str]:
-    """Each MirrorMaker connector's latest state (``RUNNING``, ``FAILED``, …) as its
-    status topic on the backup holds it, from records written at or after ``since_ms``
-    (a previous run's states are no answer); empty if the backup does not answer."""
-    kafka = backup if timeout is None else backup.model_copy(update={"timeout_s": timeout})
-    states: dict[str, tuple[int, str]] = {}
-    try:
-        for message in read_records(kafka, STATUS_TOPIC, start=StartAt(beginning=True)):
-            key = (message.key() or b"").decode()
-            if not key.startswith("status-connector-"):
-                continue
-            stamp = message.timestamp()[1]
-            if stamp < since_ms:
-                continue
-            value = message.value()
-            state = json.loads(value)["state"] if value else "DELETED"
-            name = key.removeprefix("status-connector-")
-            if stamp >= states.get(name, (-1, ""))[0]:
-                states[name] = (stamp, str(state))
-    except (KappaflowError, KafkaException, ValueError):
-        return {}
-    return {name: state for name, (_, state) in sorted(states.items())}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
 from kappaflow.errors import InvalidTopicFilterError, MqttConnectError, ProduceError
-from kappaflow.iot.telemetry import READINGS_TOPIC
 from kappaflow.kafka.clients import describe, producer
 from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
@@ -112,8 +111,8 @@ class MqttBridge:
     def __init__(
         self,
         settings: Settings,
-        topic_filter: str = TOPIC_FILTER,
-        kafka_topic: str = READINGS_TOPIC,
+        topic_filter: str,
+        kafka_topic: str,
         dlq_topic: str = DLQ_TOPIC,
         *,
         client_id: str = CLIENT_ID,

@@ -1,1 +1,2 @@
-"""The processing engine: Spark sessions, Kafka sources and sinks, jobs."""
+"""Spark at the edge: sessions, the Kafka source and sink, checkpoints, the standalone
+cluster."""

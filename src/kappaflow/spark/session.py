@@ -17,7 +17,6 @@ from pyspark.sql import SparkSession
 from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.java import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
-from kappaflow.install.scorer import scorer_jar
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.cds import archive_options
 from kappaflow.spark.environment import LOOPBACK, is_local_master, spark_environment
@@ -69,10 +68,7 @@ def real_time_spark(settings: Settings, slots: int) -> SettingsOverrides:
 def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every Spark option kappaflow sets, derived from ``settings``."""
     spark = settings.spark
-    jars = spark_connector_jars(settings)
-    scorer = scorer_jar(settings)
-    if scorer is not None:
-        jars = [*jars, scorer]
+    jars = [str(jar.resolve()) for jar in spark_connector_jars(settings)]
     ours = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
     # Classes mapped from setup's archive (cds.py) where there is one.
     archive = archive_options(settings)
@@ -81,7 +77,7 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     conf = {
         "spark.master": spark.master,
         "spark.app.name": app_name,
-        "spark.jars": ",".join(str(jar.resolve()) for jar in jars),
+        "spark.jars": ",".join(jars),
         "spark.driver.memory": spark.driver_memory,
         "spark.driver.extraJavaOptions": ours,
         "spark.sql.session.timeZone": "UTC",
@@ -120,6 +116,9 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # Checkpoint files without a chmod and a readlink process each (install/localfs.py).
         conf.update(FILE_SYSTEM_CONF)
     conf.update(spark.conf)
+    # The user's jars (a job's own, such as the IoT scorer's) come after the connector's.
+    if spark.conf.get("spark.jars"):
+        conf["spark.jars"] = ",".join([*jars, spark.conf["spark.jars"]])
     # The user's JVM options come after ours (a later -D or -XX wins), and keep the log
     # configuration.
     theirs = spark.conf.get("spark.driver.extraJavaOptions")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,89 +30,24 @@ from kappaflow.errors import (
     UnknownColumnError,
 )
 from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.parsing import parse_records
-from kappaflow.streams.schema import RecordSchema, compile_schema
+from kappaflow.streams.joins import Reference, join_stream, join_table, kafka_table, lake_table
+from kappaflow.streams.model import (
+    _VERDICT,
+    BOOKKEEPING,
+    Reader,
+    Side,
+    Source,
+    WindowSpec,
+    millis,
+    refusal,
+)
+from kappaflow.streams.ops.parsing import parse_records
+from kappaflow.streams.schema import compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink, Sink
-from kappaflow.timeutil import parse_duration
+from kappaflow.streams.stateful_plan import process_stream
 
 if TYPE_CHECKING:
-    from kappaflow.streams.joins import Joined, Reference
     from kappaflow.streams.stateful import StatefulFunction
-
-#: The columns kappaflow keeps beside a stream's own.
-TIME, PARTITION, OFFSET = "_kf_time", "_kf_partition", "_kf_offset"
-BOOKKEEPING = (TIME, PARTITION, OFFSET)
-#: The record's Kafka timestamp, which ``logged_at`` names.
-LOGGED = "_kf_logged"
-#: The parser's verdict and the record as Kafka held it, beside the bookkeeping columns
-#: until the stream is output (``Stream.df`` leaves them out).
-_VERDICT = ("_kf_reason", "_kf_value", "_kf_topic", LOGGED)
-
-
-def logged_at() -> Column:
-    """The time each record was written to Kafka, as a timestamp column: its Kafka
-    timestamp, the producer's create time (or the broker's append time, on a topic with
-    ``message.timestamp.type=LogAppendTime``), kept in the log with the record.
-
-    For rules on a source's records that must judge a replay as they judged the live run,
-    which the clock (``current_timestamp()``) does not: ``readings.reject(F.col("time") >
-    kf.logged_at() + F.expr("INTERVAL 1 DAY"), "from the future")``. It names a column of
-    a source's stream and of the streams made from it by ``where``, ``select``,
-    ``with_column``, ``reject`` and ``join`` (the left stream's record); a processed or
-    aggregated stream's records are new, and have none.
-    """
-    return F.col(LOGGED)
-
-
-class Reader(Protocol):
-    """Where a job's sources come from: Kafka (app.py), or the test harness's batches
-    (kappaflow.testing). Every DataFrame has Kafka's columns."""
-
-    def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
-        """The topic as an unbounded DataFrame."""
-        ...
-
-    def read_range(
-        self, spark: SparkSession, topic: str, ranges: dict[int, tuple[int, int]]
-    ) -> DataFrame:
-        """The records at these offsets (partition → first and last offset)."""
-        ...
-
-    def table(self, spark: SparkSession, topic: str) -> DataFrame:
-        """Every record of the topic, as a bounded DataFrame a streaming query plans
-        again in each micro-batch (a reference table's contents)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Source:
-    """A declared source: its topic, record type and event-time settings."""
-
-    topic: str
-    schema: RecordSchema
-    keys: tuple[str, ...]
-    time: str
-    id: str | None
-    watermark_ms: int
-    lateness_ms: int
-    start: str
-    #: The record type's class, which stateful functions get their events as.
-    model: type | None = None
-    #: The joins a stream from this source went through (joins.py), in order.
-    joins: tuple[Joined, ...] = ()
-    #: The records ``Stream.reject`` refused, each frame with its ``_kf_reason`` set: the
-    #: runtime sends them to the dead-letter topic.
-    rejected: tuple[DataFrame, ...] = field(default=(), compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    """Event-time windows: ``size_ms`` long, starting every ``slide_ms`` (tumbling: None);
-    with ``session``, per key, events closer than ``size_ms`` (the gap) form one window."""
-
-    size_ms: int
-    slide_ms: int | None
-    session: bool = False
 
 
 @dataclass
@@ -132,20 +67,6 @@ class Aggregation:
     window: WindowSpec
     keys: tuple[str, ...]
     aggregates: Mapping[str, Aggregate]
-
-
-def millis(value: str | int | timedelta, what: str) -> int:
-    """A duration argument (``"10s"``, a timedelta or milliseconds) in milliseconds."""
-    if isinstance(value, timedelta):
-        found = value
-    elif isinstance(value, int):
-        found = timedelta(milliseconds=value)
-    else:
-        found = parse_duration(value)
-    ms = int(found / timedelta(milliseconds=1))
-    if ms < 0:
-        raise InvalidWindowError(f"{what} must not be negative")
-    return ms
 
 
 class Job:
@@ -226,18 +147,16 @@ class Job:
         it). Each micro-batch sees the table as the topic is then. A record that does not
         parse leaves its key out of the table and goes to the job's dead-letter topic.
         """
-        from kappaflow.streams.joins import kafka_table
-
-        found = kafka_table(self, topic, schema, (key,) if isinstance(key, str) else tuple(key))
+        found = kafka_table(
+            self._reader, self.spark, topic, schema, (key,) if isinstance(key, str) else tuple(key)
+        )
         self.tables.append(found)
         return found
 
     def table_from_lake(self, path: str, *, key: str | Sequence[str]) -> Reference:
         """The Parquet files under ``path`` as a reference table by the ``key`` columns,
         read once when the job is declared."""
-        from kappaflow.streams.joins import lake_table
-
-        found = lake_table(self, path, (key,) if isinstance(key, str) else tuple(key))
+        found = lake_table(self.spark, path, (key,) if isinstance(key, str) else tuple(key))
         self.tables.append(found)
         return found
 
@@ -259,14 +178,6 @@ class Job:
         if any(o.name == output.name for o in self.outputs):
             raise InvalidJobError(f"job {self.name!r} has two outputs named {output.name!r}")
         self.outputs.append(output)
-
-
-def refusal(condition: Column | str, reason: str | Column) -> tuple[Column, Column]:
-    """A ``reject`` rule as columns: whether a record is refused (a null condition is
-    not), and the reason it is given."""
-    rule = F.expr(condition) if isinstance(condition, str) else condition
-    why = F.lit(reason) if isinstance(reason, str) else reason
-    return F.coalesce(rule, F.lit(False)), F.coalesce(why, F.lit("refused by a rule of the job"))
 
 
 class Stream:
@@ -302,6 +213,15 @@ class Stream:
     def parsed(self) -> DataFrame:
         """Every record of the source with its verdict, dead letters included."""
         return self._parsed
+
+    def _side(self) -> Side:
+        return Side(self._frame, self.source, self._parsed, self.output_rows is not None)
+
+    def _joined(self, joined: tuple[DataFrame, Source]) -> Stream:
+        frame, source = joined
+        derived = self._derive(frame)
+        derived.source = source
+        return derived
 
     def _derive(self, frame: DataFrame) -> Stream:
         if self.output_rows is not None:
@@ -352,7 +272,6 @@ class Stream:
         ``"inner"`` drops them. A column both sides have, other than ``on``, is refused.
         """
         from kappaflow.errors import JoinSpecError
-        from kappaflow.streams.joins import Reference, join_stream, join_table
 
         keys = (on,) if isinstance(on, str) else tuple(on)
         if isinstance(other, Stream):
@@ -361,14 +280,14 @@ class Stream:
                     f"join with the stream of {other.source.topic!r}: give within=..., how far "
                     "apart in event time two records may be to match"
                 )
-            return join_stream(self, other, keys, how, within)
+            return self._joined(join_stream(self._side(), other._side(), keys, how, within))
         if not isinstance(other, Reference):
             raise JoinSpecError(
                 f"join(): {type(other).__name__} is not a stream or a table from job.table()"
             )
         if within is not None:
             raise JoinSpecError(f"join with table {other.name!r}: within= is for two streams")
-        return join_table(self, other, keys, how)
+        return self._joined(join_table(self._side(), other, keys, how))
 
     def transform(self, function: Callable[[DataFrame], DataFrame]) -> Stream:
         """``function`` applied to the DataFrame (which must keep the ``_kf_`` columns)."""
@@ -426,9 +345,13 @@ class Stream:
         ``by`` columns, with its state and timers (``name``: the output's default name,
         else the function's). Events reach it as the source's record type, or ``record``
         after a ``select``."""
-        from kappaflow.streams.stateful_plan import process_stream
-
-        return process_stream(self, function, by=by, name=name, record=record)
+        done = process_stream(self._side(), function, by=by, name=name, record=record)
+        derived = Stream(self.job, done.source, self._parsed, clean=True)
+        derived._frame = done.frame
+        derived.output_rows = done.output_rows
+        derived.name = done.name
+        derived.state_definition = done.state_definition
+        return derived
 
     def _column(self, name: str) -> None:
         if name not in self._frame.columns:

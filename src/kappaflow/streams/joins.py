@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kappaflow.errors import (
@@ -38,44 +37,21 @@ from kappaflow.errors import (
     JoinSpecError,
     StateAfterStreamJoinError,
 )
-from kappaflow.streams.parsing import parse_records
+from kappaflow.streams.kinds import BEHIND
+from kappaflow.streams.model import (
+    BOOKKEEPING,
+    Joined,
+    Reader,
+    Side,
+    Source,
+    millis,
+    refusal,
+)
+from kappaflow.streams.ops.parsing import parse_records
+from kappaflow.streams.ops.windowing import key_json
 from kappaflow.streams.schema import RecordSchema, compile_schema
-from kappaflow.streams.windowing import key_json
-
-if TYPE_CHECKING:
-    from kappaflow.streams.job import Job, Source, Stream
 
 _HOW = ("left", "inner")
-
-#: The ``kind`` of a row that tells the writer an event entered a stream join.
-BEHIND = "behind"
-
-
-@dataclass(frozen=True)
-class Joined:
-    """A join a stream went through: what with, on which columns, how."""
-
-    kind: str  # "table" or "stream"
-    name: str  # the table's topic or path, or the other stream's topic
-    on: tuple[str, ...]
-    how: str
-    within_ms: int | None = None
-    #: The joined topic's source and its records with their verdicts, whose dead letters
-    #: the runtime sends to the dead-letter topic (None: a Parquet table).
-    carries: tuple[Source, DataFrame] | None = field(default=None, compare=False, repr=False)
-    #: A stream join's inputs as they enter it, one row per event (``behind`` rows:
-    #: topic, partition, offset, event time, key): the output's writer picks those behind
-    #: the join's watermark, which Spark's join drops, and sends them to the late topic.
-    taps: tuple[DataFrame, ...] = field(default=(), compare=False, repr=False)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "with": self.name,
-            "on": list(self.on),
-            "how": self.how,
-            "within_ms": self.within_ms,
-        }
 
 
 class Reference:
@@ -137,8 +113,6 @@ class Reference:
                 f"table {self.name!r} is read from Parquet: filter it before, "
                 "only a Kafka table's records can go to the dead-letter topic"
             )
-        from kappaflow.streams.job import refusal
-
         refused, why = refusal(condition, reason)
         verdict = F.when(F.col("_kf_reason").isNull() & refused, why).otherwise(F.col("_kf_reason"))
         records = self._records.withColumn("_kf_reason", verdict)
@@ -164,10 +138,10 @@ class Reference:
         }
 
 
-def kafka_table(job: Job, topic: str, schema: type, keys: tuple[str, ...]) -> Reference:
+def kafka_table(
+    reader: Reader, spark: SparkSession, topic: str, schema: type, keys: tuple[str, ...]
+) -> Reference:
     """The compacted topic ``topic`` as a table of ``schema`` records by ``keys``."""
-    from kappaflow.streams.job import Source
-
     if not keys:
         raise JoinSpecError(f"table {topic!r}: give key=..., the fields that identify a row")
     nested = next((k for k in keys if "." in k), None)
@@ -177,11 +151,11 @@ def kafka_table(job: Job, topic: str, schema: type, keys: tuple[str, ...]) -> Re
     for path in keys:
         record.field(path)
     source = Source(topic, record, keys, "", None, 0, 0, "earliest", schema)
-    raw = job._reader.table(job.spark, topic)
+    raw = reader.table(spark, topic)
     rows = _latest(raw.where(F.col("key").isNotNull()), ["key"], ["partition", "offset"])
     present = rows.unionByName(raw.where(F.col("key").isNull())).where(F.col("value").isNotNull())
     parsed = parse_records(present, record, time=None, keys=keys)
-    stream = job._reader.stream(job.spark, topic, "earliest")
+    stream = reader.stream(spark, topic, "earliest")
     verdicts = parse_records(stream.where(F.col("value").isNotNull()), record, time=None, keys=keys)
     table = _rows(parsed, keys, record)
     return Reference(topic, keys, table, source=source, parsed=verdicts, records=parsed)
@@ -194,11 +168,11 @@ def _rows(records: DataFrame, keys: tuple[str, ...], record: RecordSchema) -> Da
     return _latest(good, list(keys), ["_kf_partition", "_kf_offset"]).select(*fields)
 
 
-def lake_table(job: Job, path: str, keys: tuple[str, ...]) -> Reference:
+def lake_table(spark: SparkSession, path: str, keys: tuple[str, ...]) -> Reference:
     """The Parquet files at ``path`` (a directory) as a table by ``keys``."""
     if not keys:
         raise JoinSpecError(f"table {path!r}: give key=..., the columns that identify a row")
-    frame = job.spark.read.parquet(path)
+    frame = spark.read.parquet(path)
     missing = [k for k in keys if k not in frame.columns]
     if missing:
         raise JoinColumnError(
@@ -214,7 +188,9 @@ def _latest(frame: DataFrame, by: Sequence[str], order: Sequence[str]) -> DataFr
     return frame.groupBy(*by).agg(newest).select(*by, "_kf_row.*")
 
 
-def join_table(stream: Stream, table: Reference, on: Sequence[str], how: str) -> Stream:
+def join_table(
+    stream: Side, table: Reference, on: Sequence[str], how: str
+) -> tuple[DataFrame, Source]:
     """``stream`` with the columns of ``table``'s row whose ``on`` columns match."""
     _check_how(how, table.name)
     keys = tuple(on) or table.keys
@@ -222,7 +198,7 @@ def join_table(stream: Stream, table: Reference, on: Sequence[str], how: str) ->
     _check_clash(stream, [c for c in table.columns if c not in keys], f"table {table.name!r}")
     # Broadcast: a reference table is small beside the stream, and the join then needs
     # no shuffle of the stream's rows.
-    joined = stream._frame.join(F.broadcast(table.frame), on=list(keys), how=how)
+    joined = stream.frame.join(F.broadcast(table.frame), on=list(keys), how=how)
     carries = None
     if table.source is not None and table.parsed is not None:
         carries = (table.source, table.parsed)
@@ -230,22 +206,20 @@ def join_table(stream: Stream, table: Reference, on: Sequence[str], how: str) ->
 
 
 def join_stream(
-    stream: Stream, other: Stream, on: Sequence[str], how: str, within: str | int | timedelta
-) -> Stream:
+    stream: Side, other: Side, on: Sequence[str], how: str, within: str | int | timedelta
+) -> tuple[DataFrame, Source]:
     """``stream`` with the columns of each ``other`` record whose ``on`` columns match
     and whose event time is within ``within`` of the stream record's."""
-    from kappaflow.streams.job import BOOKKEEPING, millis
-
     name = other.source.topic
     _check_how(how, name)
     if other.source.topic == stream.source.topic:
         raise JoinSpecError(
             f"stream of {name!r} joined with itself: declare the topic once and filter it"
         )
-    if other.output_rows is not None:
+    if other.processed:
         raise JoinSpecError(f"the processed stream of {name!r} cannot be joined: join before")
-    refuse_after_stream_join(stream, f"a join with the stream of {name!r}")
-    refuse_after_stream_join(other, f"a join with the stream of {name!r}")
+    refuse_after_stream_join(stream.source, f"a join with the stream of {name!r}")
+    refuse_after_stream_join(other.source, f"a join with the stream of {name!r}")
     within_ms = millis(within, "within")
     if within_ms <= 0:
         raise JoinSpecError(f"join with {name!r}: within must be positive, got {within_ms} ms")
@@ -256,7 +230,7 @@ def join_stream(
     _check_on(stream, keys, theirs, f"the stream of {name!r}")
     _check_clash(stream, [c for c in theirs if c not in keys], f"the stream of {name!r}")
 
-    left = stream._frame.withColumn("_kf_lt", F.timestamp_millis("_kf_time")).withWatermark(
+    left = stream.frame.withColumn("_kf_lt", F.timestamp_millis("_kf_time")).withWatermark(
         "_kf_lt", f"{_delay(stream.source)} milliseconds"
     )
     right = other.df.select(
@@ -274,7 +248,7 @@ def join_stream(
     carries = (other.source, other.parsed)
     reason = f"behind the watermark of the join of {stream.source.topic!r} with {name!r}"
     taps = (
-        _tap(stream._frame, stream.source.topic, keys, reason),
+        _tap(stream.frame, stream.source.topic, keys, reason),
         _tap(other.df, name, keys, reason),
     )
     return _joined(stream, joined, Joined("stream", name, keys, how, within_ms, carries, taps))
@@ -304,14 +278,14 @@ def stream_joined(source: Source) -> bool:
     return any(j.kind == "stream" for j in source.joins)
 
 
-def refuse_after_stream_join(stream: Stream, what: str) -> None:
-    """KF754 if ``stream`` went through a stream-stream join: a join declares a watermark
-    on each side, which Spark refuses after a stateful operator ("Redefining watermark is
-    disallowed", when the query runs)."""
-    joined = next((j for j in stream.source.joins if j.kind == "stream"), None)
+def refuse_after_stream_join(source: Source, what: str) -> None:
+    """KF754 if a stream of ``source`` went through a stream-stream join: a join declares
+    a watermark on each side, which Spark refuses after a stateful operator ("Redefining
+    watermark is disallowed", when the query runs)."""
+    joined = next((j for j in source.joins if j.kind == "stream"), None)
     if joined is not None:
         raise StateAfterStreamJoinError(
-            f"{what} cannot follow the join of {stream.source.topic!r} with the stream of "
+            f"{what} cannot follow the join of {source.topic!r} with the stream of "
             f"{joined.name!r}: write the joined stream to a topic and read that in another job"
         )
 
@@ -322,12 +296,10 @@ def _delay(source: Source) -> int:
     return source.watermark_ms + source.lateness_ms
 
 
-def _joined(stream: Stream, frame: DataFrame, joined: Joined) -> Stream:
-    derived = stream._derive(frame)
+def _joined(stream: Side, frame: DataFrame, joined: Joined) -> tuple[DataFrame, Source]:
     # On the source, the join survives what derives a stream from this one
     # (Stream.process makes a new Stream from a copy of the source).
-    derived.source = dataclasses.replace(stream.source, joins=(*stream.source.joins, joined))
-    return derived
+    return frame, dataclasses.replace(stream.source, joins=(*stream.source.joins, joined))
 
 
 def _check_how(how: str, name: str) -> None:
@@ -335,7 +307,7 @@ def _check_how(how: str, name: str) -> None:
         raise JoinSpecError(f"join with {name!r}: how={how!r}, expected 'left' or 'inner'")
 
 
-def _check_on(stream: Stream, keys: Sequence[str], theirs: Sequence[str], what: str) -> None:
+def _check_on(stream: Side, keys: Sequence[str], theirs: Sequence[str], what: str) -> None:
     ours = [c for c in stream.df.columns if not c.startswith("_kf_")]
     for key in keys:
         if key not in ours:
@@ -349,7 +321,7 @@ def _check_on(stream: Stream, keys: Sequence[str], theirs: Sequence[str], what: 
             )
 
 
-def _check_clash(stream: Stream, theirs: Sequence[str], what: str) -> None:
+def _check_clash(stream: Side, theirs: Sequence[str], what: str) -> None:
     ours = set(stream.df.columns)
     for column in theirs:
         if column in ours:

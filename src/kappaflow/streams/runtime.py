@@ -22,14 +22,16 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError, WaitTimeoutError
 from kappaflow.kafka.topics import COMPACTED
-from kappaflow.streams.backends import Publisher, ResultStore
-from kappaflow.streams.job import BOOKKEEPING, Job, Output, Reader, Source
+from kappaflow.streams.job import Job, Output
 from kappaflow.streams.joins import stream_joined
-from kappaflow.streams.lake import LakeWriter
-from kappaflow.streams.session_windows import aggregate_sessions
+from kappaflow.streams.kinds import DEAD, RECORD
+from kappaflow.streams.model import BOOKKEEPING, Reader, Source
+from kappaflow.streams.ops.session_windows import aggregate_sessions
+from kappaflow.streams.ops.windowing import aggregate_windows
+from kappaflow.streams.output.backends import Publisher, ResultStore
+from kappaflow.streams.output.lake import LakeWriter
+from kappaflow.streams.output.writer import OutputTarget, OutputWriter, StepHook
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
-from kappaflow.streams.windowing import aggregate_windows
-from kappaflow.streams.writer import OutputTarget, OutputWriter, StepHook
 from kappaflow.waiting import wait_for
 
 #: How long a job's query may take over its first micro-batch before the next query
@@ -276,14 +278,14 @@ def output_frame(
         if carried:
             good = F.col("_kf_reason").isNull()
             rows = stream.parsed.select(
-                F.when(good, F.lit("record")).otherwise(F.lit("dlq")).alias("kind"),
+                F.when(good, F.lit(RECORD)).otherwise(F.lit(DEAD)).alias("kind"),
                 F.when(good, row).alias("row"),
                 F.col("_kf_reason").alias("reason"),
                 F.col("_kf_value").alias("value"),
                 *position,
             )
         else:
-            rows = stream.df.select(F.lit("record").alias("kind"), row.alias("row"), *position)
+            rows = stream.df.select(F.lit(RECORD).alias("kind"), row.alias("row"), *position)
     frame = _shaped(rows)
     if dead_letters and not carried:
         frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))

@@ -13,7 +13,7 @@ A source's records are declared as a dataclass or a pydantic model::
 
 ``compile_schema(Order)`` turns it into a ``RecordSchema``: the Spark ``StructType`` of
 the parsed record and a tree of ``Field`` nodes (kind, required or optional) that
-``kappaflow.streams.parsing`` checks every record against.
+``kappaflow.streams.ops.parsing`` checks every record against.
 """
 
 from __future__ import annotations

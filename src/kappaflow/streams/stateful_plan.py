@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -23,10 +24,11 @@ from kappaflow.errors import (
     ProcessColumnError,
     StatefulOutputTypeError,
 )
+from kappaflow.streams import kinds
 from kappaflow.streams.joins import stream_joined
-from kappaflow.streams.shipping import ship_by_value
-from kappaflow.streams.stateful import StatefulFunction
-from kappaflow.streams.stateful_run import (
+from kappaflow.streams.model import BOOKKEEPING, Side, Source
+from kappaflow.streams.ops.shipping import ship_by_value
+from kappaflow.streams.ops.stateful_run import (
     OFFSET,
     OUTPUT_SCHEMA,
     PARTITION,
@@ -34,24 +36,35 @@ from kappaflow.streams.stateful_run import (
     TIME,
     KeyedProcessor,
 )
+from kappaflow.streams.ops.windowing import event_time_watermark
+from kappaflow.streams.stateful import StatefulFunction
 from kappaflow.streams.stateful_values import field_names, is_record_type
-from kappaflow.streams.windowing import event_time_watermark
 
-if TYPE_CHECKING:
-    from kappaflow.streams.job import Stream
+
+@dataclass(frozen=True)
+class Processed:
+    """A stateful function's output as a stream: its typed records with kappaflow's
+    columns, their source (keyed by the function's key when the output carries it), and
+    the operator's rows (records and late events) as the runtime writes them."""
+
+    frame: DataFrame
+    source: Source
+    output_rows: DataFrame
+    name: str
+    #: What the output's state depends on (jobs/plan.py compares it on restarts).
+    state_definition: dict[str, Any]
 
 
 def process_stream(
-    stream: Stream,
+    stream: Side,
     function: Any,
     *,
     by: str | Sequence[str],
     name: str | None,
     record: type | None,
-) -> Stream:
-    """``stream.process(function, by=...)``: a stream of the function's output records,
-    which carries the operator's rows (record and late) for the runtime to write."""
-    from kappaflow.streams.job import BOOKKEEPING, Stream
+) -> Processed:
+    """``stream.process(function, by=...)``: the function's output records, with the
+    operator's rows (record and late) for the runtime to write."""
     from kappaflow.streams.schema import compile_schema
 
     if not isinstance(function, StatefulFunction):
@@ -59,7 +72,7 @@ def process_stream(
         raise NotStatefulFunctionError(
             f"process({shown}): decorate it with @kf.stateful(state=..., output=...)"
         )
-    if stream.output_rows is not None:
+    if stream.processed:
         raise InvalidJobError(f"process({function.name}): this stream is already processed")
     keys = (by,) if isinstance(by, str) else tuple(by)
     columns = [c for c in stream.df.columns if c not in BOOKKEEPING]
@@ -92,7 +105,7 @@ def process_stream(
     watermark = None if stream_joined(source) else source.watermark_ms
     rows = run_processor(stream.df, function, keys, record, watermark, source.lateness_ms)
     typed = (
-        rows.where(F.col("kind") == "record")
+        rows.where(F.col("kind") == kinds.RECORD)
         .select(
             F.from_json("row", output.struct).alias("r"),
             F.col("time").alias("_kf_time"),
@@ -106,38 +119,34 @@ def process_stream(
     # reads late rows' keys as JSON of those: key the output by the function's key when
     # the output carries it, and put the late event's key into its reason.
     carried = all(k in out_fields for k in keys)
-    derived = Stream(
-        stream.job,
-        dataclasses.replace(source, keys=keys if carried else ()),
-        stream.parsed,
-        clean=True,
-    )
-    derived._frame = typed
-    derived.output_rows = rows.select(
-        "kind",
-        "key",
-        "row",
-        "reason",
-        "watermark",
-        F.col("time").alias("window_start"),
-        F.col("time").alias("window_end"),
-        "src_partition",
-        "src_offset",
-        "offsets",
-        "events",
-    )
-    derived.name = name or function.name
     # The state is kept as JSON by field name (fields may come and go); what it is
     # keyed by, which function keeps it and Spark's operator that holds it may not change
     # under a checkpoint (state kept by transformWithStateInPandas does not restore into
     # transformWithState).
-    derived.state_definition = {
-        "kind": "stateful function",
-        "function": function.name,
-        "by": list(keys),
-        "operator": "transformWithState",
-    }
-    return derived
+    return Processed(
+        typed,
+        dataclasses.replace(source, keys=keys if carried else ()),
+        rows.select(
+            "kind",
+            "key",
+            "row",
+            "reason",
+            "watermark",
+            F.col("time").alias("window_start"),
+            F.col("time").alias("window_end"),
+            "src_partition",
+            "src_offset",
+            "offsets",
+            "events",
+        ),
+        name or function.name,
+        {
+            "kind": "stateful function",
+            "function": function.name,
+            "by": list(keys),
+            "operator": "transformWithState",
+        },
+    )
 
 
 def run_processor(

@@ -23,8 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.lake_manifest import MANIFEST_DIR, Manifest, is_record
+from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.lake_manifest import MANIFEST_DIR, Manifest, is_record
 
 #: DuckDB's types for partition columns, by Spark type; a type not here is left to
 #: DuckDB's own inference from the directory names.

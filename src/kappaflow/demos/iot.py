@@ -39,6 +39,7 @@ from kappaflow.iot.registry import Registry, fleet_tokens, register
 from kappaflow.iot.senders import GatewaySink, MqttSink, SplitSink
 from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
 from kappaflow.jobs.manager import ACTIVE_STATES, START_TIMEOUT_S, JobManager
+from kappaflow.jobs.removal import remove_job
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import (
     COMPACTED,
@@ -51,8 +52,7 @@ from kappaflow.mqtt.bridge import MqttBridge
 from kappaflow.procs import free_port, port_in_use
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
-from kappaflow.streams.backends import read_latest
-from kappaflow.streams.removal import remove_job
+from kappaflow.streams.output.backends import read_latest
 from kappaflow.waiting import wait_for
 
 #: The demo's topics: the application's, under a prefix of their own, so that the demo

@@ -9,17 +9,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.errors import TopicNotFoundError
-from kappaflow.jobs.manager import PLAN, write_atomically
-from kappaflow.jobs.pipeline import JobContext, Pipeline
+from kappaflow.jobs.contract import JobContext, Pipeline
+from kappaflow.jobs.files import PLAN, write_atomically
+from kappaflow.jobs.plan import record_plan, verify_restart
+from kappaflow.jobs.resources import job_resources, record_resources
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_batch, read_range, read_stream
-from kappaflow.streams.backends import KafkaPublisher, RedisStore, commits_topic
-from kappaflow.streams.check import record_plan, verify_restart
 from kappaflow.streams.job import Job
-from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.removal import job_resources, record_resources
+from kappaflow.streams.ops.shipping import ship_user_code
+from kappaflow.streams.output.backends import KafkaPublisher, RedisStore, commits_topic
+from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.writer import StepHook
 from kappaflow.streams.runtime import (
     Backends,
     Build,
@@ -29,9 +31,7 @@ from kappaflow.streams.runtime import (
     start_outputs,
     topic_configs,
 )
-from kappaflow.streams.shipping import ship_user_code
 from kappaflow.streams.sinks import RedisSink
-from kappaflow.streams.writer import StepHook
 
 
 class KafkaReader:

@@ -1,4 +1,4 @@
-"""Rows of a window operator's output schema (the contract: counting/kinds.py)."""
+"""Rows of a window operator's output schema (the contract: streams/kinds.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from kappaflow.counting.kinds import DEAD
+from kappaflow.streams.kinds import DEAD
 
 if TYPE_CHECKING:  # the serving store and the CLI read this module without pandas
     import pandas as pd

@@ -1,24 +1,14 @@
-"""``jobs check``: a job's plan without running it, and whether its checkpoint can take it.
-
-An output's state in the checkpoint is laid out for what it computes: its source, window,
-key columns and aggregates. When a job starts, each output's definition is recorded beside
-its checkpoint (``<checkpoint>/<output>.plan.json``); a later start, or ``jobs check``,
-whose definition differs while that checkpoint exists is refused with what changed, before
-Spark fails on it with a state schema error (or, worse, does not, and mixes old state into
-new results). Give the job another name, or delete its checkpoint, to start over.
-"""
+"""A job's plan: each output's signature, recorded at start, and checked on a restart
+against the checkpoint it resumes."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from kappaflow.errors import StateIncompatibleError
-from kappaflow.jobs.pipeline import load_build
-from kappaflow.settings import Settings
 from kappaflow.streams.job import Job, Output
-from kappaflow.streams.lake_fs import HadoopFs
+from kappaflow.streams.output.lake_fs import HadoopFs
 
 
 def signature(output: Output) -> dict[str, Any]:
@@ -69,31 +59,3 @@ def record_plan(job: Job, fs: HadoopFs) -> None:
     """Keep each output's definition beside its checkpoint, for later starts to compare."""
     for output in job.outputs:
         fs.write_atomically(f"{output.name}.plan.json", json.dumps(signature(output)) + "\n")
-
-
-def check_app(
-    settings: Settings, reference: str, name: str | None, params: Mapping[str, str]
-) -> dict[str, Any]:
-    """Declare the job on a Spark session, without starting it; its plan."""
-    from kappaflow.kafka.topics import list_topics
-    from kappaflow.spark.session import build_session
-    from kappaflow.streams.app import KafkaReader
-    from kappaflow.streams.runtime import declare, describe, lake_paths
-
-    build = load_build(reference)
-    job_name = name or reference.partition(":")[0].rsplit(".", 1)[-1]
-    spark = build_session(settings, app_name=f"kappaflow:check:{job_name}")
-    job = declare(build, job_name, params, spark, KafkaReader(settings))
-    root = f"{settings.checkpoint_location.rstrip('/')}/{job_name}"
-    for path in lake_paths(job, settings.lake_root):
-        HadoopFs(spark, path)
-    verify_restart(job, HadoopFs(spark, root), root)
-    plan = describe(job)
-    existing = {t["name"] for t in list_topics(settings.kafka)}
-    for source in plan["sources"]:
-        source["topic_exists"] = source["topic"] in existing
-    for table in plan["tables"]:
-        table["topic_exists"] = not table["kafka"] or table["table"] in existing
-    plan["checkpoint"] = root
-    plan["restart"] = "compatible"
-    return plan

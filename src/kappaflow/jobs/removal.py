@@ -17,37 +17,15 @@ file system than this machine's (``hdfs://``, ``s3a://``) are named, not deleted
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from kappaflow.jobs.manager import JobManager, local_path, write_atomically
+from kappaflow.jobs.files import local_path
+from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.resources import read_resources
 from kappaflow.kafka.topics import delete_topic, list_topics
 from kappaflow.serving.client import drop_job_keys, redis_client
 from kappaflow.settings import Settings
-from kappaflow.streams.backends import commits_topic
-from kappaflow.streams.job import Job
-from kappaflow.streams.runtime import lake_paths, output_topics
-
-RESOURCES = "resources.json"
-
-
-@dataclass(frozen=True)
-class Resources:
-    """Where a job writes: topics (its commit markers' included), whether it keeps keys in
-    the serving store, and its lake tables."""
-
-    topics: tuple[str, ...] = ()
-    redis: bool = False
-    lakes: tuple[str, ...] = ()
-
-    def union(self, other: Resources) -> Resources:
-        return Resources(
-            topics=tuple(sorted({*self.topics, *other.topics})),
-            redis=self.redis or other.redis,
-            lakes=tuple(sorted({*self.lakes, *other.lakes})),
-        )
 
 
 @dataclass
@@ -59,33 +37,6 @@ class Removal:
     lakes: list[str] = field(default_factory=list)
     kept_topics: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
-
-
-def job_resources(job: Job, lake_root: str, redis: bool) -> Resources:
-    return Resources(
-        topics=tuple(sorted({*output_topics(job), commits_topic(job.name)})),
-        redis=redis,
-        lakes=tuple(sorted(lake_paths(job, lake_root))),
-    )
-
-
-def record_resources(home: Path, resources: Resources) -> None:
-    """Add ``resources`` to what the job's home records it writes to."""
-    home.mkdir(parents=True, exist_ok=True)
-    held = read_resources(home).union(resources)
-    body = {"topics": list(held.topics), "redis": held.redis, "lakes": list(held.lakes)}
-    write_atomically(home / RESOURCES, json.dumps(body, indent=2) + "\n")
-
-
-def read_resources(home: Path) -> Resources:
-    """What the job's home records (nothing for a job that never started)."""
-    try:
-        body = json.loads((home / RESOURCES).read_text())
-    except FileNotFoundError:
-        return Resources()
-    return Resources(
-        topics=tuple(body["topics"]), redis=bool(body["redis"]), lakes=tuple(body["lakes"])
-    )
 
 
 def remove_job(settings: Settings, name: str) -> Removal:

@@ -24,12 +24,12 @@ import pyarrow.compute as pc
 import redis as redis_lib
 from confluent_kafka import KafkaException
 
-from kappaflow.counting.json_columns import booleans, join, number_text
 from kappaflow.errors import ProduceError
 from kappaflow.kafka.clients import transactional_producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.serving.client import redis_prefix
 from kappaflow.settings import Settings
+from kappaflow.streams.output.json_columns import booleans, join, number_text
 
 #: A record to publish: topic, key, value.
 Record = tuple[str, bytes | None, bytes]

@@ -35,8 +35,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampNTZType, TimestampType
 
 from kappaflow.errors import LakeColumnError, LakePartitioningError
-from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.lake_manifest import (
+from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.lake_manifest import (
     MANIFEST_DIR,
     PUBLISHING_DIR,
     STAGING_DIR,

@@ -1,10 +1,10 @@
-"""The IoT application's scorer on the JVM, built at setup (``java/io/kappaflow/iot``).
+"""The IoT application's scorer on the JVM, built at setup from ``java/io/kappaflow/iot``.
 
 ``io.kappaflow.iot.SeriesScorer`` scores a series' readings with a model's published
 parameters as ``kappaflow.iot.models.Scorer`` does, for the ``forecast`` and ``robust``
 families, with the same memory (JSON). It runs inside Spark's JVM, where a stateful
-processor can run in real-time mode (Python ones cannot). Every kappaflow session has
-the jar once built (``spark.jars``, so executors of a cluster get it too).
+processor can run in real-time mode (Python ones cannot). The real-time scorer's driver
+puts the jar on its ``spark.jars`` (so executors of a cluster get it too).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SCORER = JavaBuild(
         "spark-sql_*.jar",
     ),
     without="the IoT application's scorer on the JVM is not available",
+    home="kappaflow.iot.jvm",
 )
 scorer_jar = SCORER.jar
 build_scorer = SCORER.build

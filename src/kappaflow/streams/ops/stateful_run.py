@@ -28,6 +28,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from kappaflow.errors import StatefulOutputError, StateRestoreError, TimerLoopError
+from kappaflow.streams import kinds
 from kappaflow.streams.stateful import StateContext, StatefulFunction, Timers
 from kappaflow.streams.stateful_values import dumps, from_plain, resolve_hints, to_plain
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -165,7 +166,7 @@ class _Run:
             + (f" less the allowed lateness {lateness} ms" if lateness else "")
             + f" ({self.p.function.name})"
         )
-        self._row("late", None, reason, time, partition, offset, [offset])
+        self._row(kinds.LATE, None, reason, time, partition, offset, [offset])
 
     def emit(self, produced: Iterable[Any], at: tuple[int, int | None, int | None]) -> None:
         fn = self.p.function
@@ -178,7 +179,7 @@ class _Run:
                 row = dumps(to_plain(item, fn.output.__name__))
             except (TypeError, ValueError) as exc:
                 raise StatefulOutputError(f"{fn.name}: {exc}") from None
-            self._row("record", row, None, *at, None)
+            self._row(kinds.RECORD, row, None, *at, None)
 
     def call_timer(self, ctx: StateContext[Any], at: int) -> None:
         if self.p.function.timer is not None:

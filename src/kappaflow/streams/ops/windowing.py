@@ -40,13 +40,9 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from kappaflow.counting.arrow_ipc import (
-    PACKED_SCHEMA,
-    PackedProcessor,
-    table_from_ipc,
-    table_to_ipc,
-)
-from kappaflow.counting.kinds import (
+from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
+from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.kinds import (
     CLOSED,
     CORRECTION,
     DEAD_WINDOW,
@@ -56,10 +52,13 @@ from kappaflow.counting.kinds import (
     SHARDS,
     STATS,
 )
-from kappaflow.counting.rows import dead_letter_rows, schema_rows
-from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
-from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.folding import (
+from kappaflow.streams.ops.arrow_ipc import (
+    PACKED_SCHEMA,
+    PackedProcessor,
+    table_from_ipc,
+    table_to_ipc,
+)
+from kappaflow.streams.ops.folding import (
     Folder,
     ddl,
     folded_schema,
@@ -68,6 +67,7 @@ from kappaflow.streams.folding import (
     partial_name,
     reduce_groups,
 )
+from kappaflow.streams.ops.operator_rows import dead_letter_rows, schema_rows
 from kappaflow.timeutil import from_epoch_ms, iso
 
 #: Everything the operator emits, unpacked.

@@ -38,15 +38,9 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from kappaflow.counting.arrow_ipc import (
-    PACKED_SCHEMA,
-    PackedProcessor,
-    frame_from_ipc,
-    frame_to_ipc,
-    table_from_ipc,
-    table_to_ipc,
-)
-from kappaflow.counting.kinds import (
+from kappaflow.errors import WindowSpecError
+from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.kinds import (
     CLOSED,
     CORRECTION,
     FINAL,
@@ -56,11 +50,17 @@ from kappaflow.counting.kinds import (
     SHARDS,
     STATS,
 )
-from kappaflow.counting.rows import dead_letter_rows
-from kappaflow.errors import WindowSpecError
-from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.folding import WEIGHT, input_name, partial_fields, reduce_groups
-from kappaflow.streams.windowing import (
+from kappaflow.streams.ops.arrow_ipc import (
+    PACKED_SCHEMA,
+    PackedProcessor,
+    frame_from_ipc,
+    frame_to_ipc,
+    table_from_ipc,
+    table_to_ipc,
+)
+from kappaflow.streams.ops.folding import WEIGHT, input_name, partial_fields, reduce_groups
+from kappaflow.streams.ops.operator_rows import dead_letter_rows
+from kappaflow.streams.ops.windowing import (
     OUTPUT_ARROW_SCHEMA,
     bind_aggregates,
     event_time_watermark,

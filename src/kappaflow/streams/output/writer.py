@@ -33,8 +33,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from kappaflow.counting.arrow_ipc import unpack
-from kappaflow.counting.json_columns import (
+from kappaflow.errors import CheckpointError, PartialBatchError
+from kappaflow.spark.checkpoint import batch_watermark
+from kappaflow.streams.kinds import (
+    BEHIND,
+    CHANGES,
+    CLOSED,
+    DEAD,
+    LATE,
+    PACKED,
+    RECORD,
+    STATS,
+)
+from kappaflow.streams.model import Source
+from kappaflow.streams.ops.arrow_ipc import unpack
+from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA
+from kappaflow.streams.output.backends import BatchAccount, Publisher, Record, ResultStore
+from kappaflow.streams.output.json_columns import (
     Column,
     iso_literals,
     join,
@@ -42,24 +57,15 @@ from kappaflow.counting.json_columns import (
     number_text,
     quoted,
 )
-from kappaflow.errors import CheckpointError, PartialBatchError
-from kappaflow.spark.checkpoint import batch_watermark
-from kappaflow.streams.backends import BatchAccount, Publisher, Record, ResultStore
-from kappaflow.streams.job import Source
-from kappaflow.streams.joins import BEHIND
-from kappaflow.streams.lake import LakeWriter
-from kappaflow.streams.lake_fs import HadoopFs
-from kappaflow.streams.windowing import OUTPUT_ARROW_SCHEMA
+from kappaflow.streams.output.lake import LakeWriter
+from kappaflow.streams.output.lake_fs import HadoopFs
 from kappaflow.timeutil import from_epoch_ms, iso
 
-CHANGES = ("provisional", "final", "correction")
-RECORD, LATE, DEAD, STATS, CLOSED, PACKED = "record", "late", "dlq", "stats", "closed", "packed"
-
-#: The points of a batch at which the writer calls its ``on_step`` hook; the
-#: fault-injection tests kill the driver at each.
 #: Whether each stateful operator of a query has a watermark of its own (Spark's default):
 #: a stream join then drops input behind the watermark of the batch before.
 _ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
+#: The points of a batch at which the writer calls its ``on_step`` hook; the
+#: fault-injection tests kill the driver at each.
 STEPS = ("before-store", "after-store", "after-lake", "in-transaction", "after-kafka")
 #: Called with the step, the output's name, the batch id and how many results the batch
 #: writes (changes, records, late events, dead letters); kappaflow itself passes none.

@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Any
 
 import kappaflow as kf
-from kappaflow.timeutil import from_epoch_ms, to_epoch_ms
 
 LIMIT = 80.0
 WITHIN_MS = 60_000
@@ -58,7 +57,7 @@ def overheating(
 ) -> Iterator[Alert]:
     w = ctx.state
     for e in events:
-        t = to_epoch_ms(e.at)
+        t = kf.to_epoch_ms(e.at)
         if w.last_seen:
             ctx.timers.cancel(w.last_seen + SILENCE_MS)
         w.last_seen = max(w.last_seen, t)
@@ -82,7 +81,7 @@ def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Ite
     ctx.state.hot = []
     if ctx.state.alarmed:
         ctx.state.alarmed = False
-        yield Alert(key[0], "resolved", "no data for five minutes", from_epoch_ms(at_ms))
+        yield Alert(key[0], "resolved", "no data for five minutes", kf.from_epoch_ms(at_ms))
 
 
 def build(job: kf.Job) -> None:

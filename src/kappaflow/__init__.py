@@ -11,45 +11,63 @@ A job is a function ``build(job)`` declaring its sources, windowed aggregates an
         )
         revenue.to(kf.topic(), kf.store(), kf.lake("revenue"))
 
-The job API's names load on first use, so importing kappaflow (as its command line does)
-does not import PySpark.
+The public API is what this module exports (``__all__``), ``kappaflow.testing`` (``kf.testing``)
+and, for pipelines written against Spark directly, ``kappaflow.jobs.pipeline`` (``Pipeline``,
+``Part``, ``JobContext``). Every other module is internal and may change between versions.
+
+The names load on first use, so importing kappaflow (as its command line does) does not
+import PySpark.
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from kappaflow.errors import KappaflowError
-from kappaflow.settings import Settings, load_settings
-
 if TYPE_CHECKING:
-    from kappaflow import testing
-    from kappaflow.streams.aggregates import (
-        approx_distinct,
-        approx_quantiles,
-        count,
-        max,
-        mean,
-        min,
-        sum,
-    )
-    from kappaflow.streams.job import Job, Stream, Table, Windowed
-    from kappaflow.streams.model import logged_at
-    from kappaflow.streams.schema import EventTime
-    from kappaflow.streams.sinks import lake, store, topic
-    from kappaflow.streams.stateful import StateContext, stateful
+    from kappaflow import testing as testing
+    from kappaflow.errors import InvalidParameterError as InvalidParameterError
+    from kappaflow.errors import KappaflowError as KappaflowError
+    from kappaflow.settings import Settings as Settings
+    from kappaflow.settings import load_settings as load_settings
+    from kappaflow.streams.aggregates import approx_distinct as approx_distinct
+    from kappaflow.streams.aggregates import approx_quantiles as approx_quantiles
+    from kappaflow.streams.aggregates import count as count
+    from kappaflow.streams.aggregates import max as max
+    from kappaflow.streams.aggregates import mean as mean
+    from kappaflow.streams.aggregates import min as min
+    from kappaflow.streams.aggregates import sum as sum
+    from kappaflow.streams.job import Job as Job
+    from kappaflow.streams.job import Stream as Stream
+    from kappaflow.streams.job import Table as Table
+    from kappaflow.streams.job import Windowed as Windowed
+    from kappaflow.streams.joins import Reference as Reference
+    from kappaflow.streams.model import logged_at as logged_at
+    from kappaflow.streams.schema import EventTime as EventTime
+    from kappaflow.streams.sinks import lake as lake
+    from kappaflow.streams.sinks import store as store
+    from kappaflow.streams.sinks import topic as topic
+    from kappaflow.streams.stateful import StateContext as StateContext
+    from kappaflow.streams.stateful import StatefulFunction as StatefulFunction
+    from kappaflow.streams.stateful import stateful as stateful
+    from kappaflow.timeutil import from_epoch_ms as from_epoch_ms
+    from kappaflow.timeutil import parse_duration as parse_duration
+    from kappaflow.timeutil import to_epoch_ms as to_epoch_ms
 
-__version__ = "0.1.0"
-
-#: Public name → the module that defines it.
+#: The public names, each with the module that defines it: the one list of them (the
+#: imports above only tell type checkers the same; tests/test_public_api.py holds the two
+#: together).
 _API = {
+    # Declaring a job.
     "Job": "kappaflow.streams.job",
     "Stream": "kappaflow.streams.job",
     "Windowed": "kappaflow.streams.job",
     "Table": "kappaflow.streams.job",
-    "logged_at": "kappaflow.streams.model",
+    "Reference": "kappaflow.streams.joins",
     "EventTime": "kappaflow.streams.schema",
+    "logged_at": "kappaflow.streams.model",
+    # Aggregates.
     "count": "kappaflow.streams.aggregates",
     "sum": "kappaflow.streams.aggregates",
     "min": "kappaflow.streams.aggregates",
@@ -57,38 +75,32 @@ _API = {
     "mean": "kappaflow.streams.aggregates",
     "approx_distinct": "kappaflow.streams.aggregates",
     "approx_quantiles": "kappaflow.streams.aggregates",
+    # Sinks.
     "topic": "kappaflow.streams.sinks",
     "store": "kappaflow.streams.sinks",
     "lake": "kappaflow.streams.sinks",
+    # Stateful functions.
     "stateful": "kappaflow.streams.stateful",
+    "StatefulFunction": "kappaflow.streams.stateful",
     "StateContext": "kappaflow.streams.stateful",
+    # Time, as events and parameters give it.
+    "to_epoch_ms": "kappaflow.timeutil",
+    "from_epoch_ms": "kappaflow.timeutil",
+    "parse_duration": "kappaflow.timeutil",
+    # Errors a job raises or catches.
+    "KappaflowError": "kappaflow.errors",
+    "InvalidParameterError": "kappaflow.errors",
+    # The platform's settings.
+    "Settings": "kappaflow.settings",
+    "load_settings": "kappaflow.settings",
 }
 
-__all__ = [
-    "EventTime",
-    "Job",
-    "KappaflowError",
-    "Settings",
-    "StateContext",
-    "Stream",
-    "Table",
-    "Windowed",
-    "__version__",
-    "approx_distinct",
-    "approx_quantiles",
-    "count",
-    "lake",
-    "load_settings",
-    "logged_at",
-    "max",
-    "mean",
-    "min",
-    "stateful",
-    "store",
-    "sum",
-    "testing",
-    "topic",
-]
+try:
+    __version__ = version("kappaflow")
+except PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0+unknown"
+
+__all__ = ["__version__", "testing", *_API]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,16 +10,14 @@ preview (realtime.py) and its views of the results (store.py, status.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import make_dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import kappaflow as kf
 from kappaflow.counting.spec import CountSpec
 from kappaflow.errors import ConflictingOptionsError
-
-if TYPE_CHECKING:  # the CLI and the serving store read OUTPUT without PySpark
-    from kappaflow.streams.runtime import Build
 
 #: The job's one output: its topic is ``NAME.counts``, its windows ``kf:NAME:counts:``.
 OUTPUT = "counts"
@@ -37,7 +35,7 @@ def event_type(spec: CountSpec) -> type:
     return make_dataclass("CountedEvent", fields)
 
 
-def count_job(spec: CountSpec) -> Build:
+def count_job(spec: CountSpec) -> Callable[[kf.Job], None]:
     """The ``build`` function of a counting job with the definition ``spec``."""
     record = event_type(spec)
 

@@ -48,7 +48,6 @@ import kappaflow as kf
 from kappaflow.iot.models import ALERT_SCORE
 from kappaflow.iot.score import SCORES_TOPIC
 from kappaflow.iot.telemetry import METRICS
-from kappaflow.timeutil import from_epoch_ms, to_epoch_ms
 
 ALERTS_TOPIC = "alerts"
 SUSTAINED = 3
@@ -160,7 +159,7 @@ def watch(
     for e in events:
         if _again(w, e, firsts.get(e.run or "", 1)):
             continue
-        t = to_epoch_ms(e.time)
+        t = kf.to_epoch_ms(e.time)
         if "no_data" in w.open:
             yield _resolve(w, e, "no_data", "a reading came")
         if w.last_seen:
@@ -199,7 +198,7 @@ def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Ite
     if "no_data" not in w.open:
         w.open.append("no_data")
         reason = f"no reading for {SILENCE_MS // 60_000} minutes"
-        at = from_epoch_ms(at_ms)
+        at = kf.from_epoch_ms(at_ms)
         yield Alert(str(key[0]), str(key[1]), "no_data", "raised", reason, at, None, list(w.open))
 
 

@@ -18,10 +18,8 @@ are under this job's name, and its dead letters go to one topic, ``JOB.dlq``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
 
 import kappaflow as kf
-from kappaflow.errors import InvalidParameterError
 from kappaflow.iot import alerts, clean, devices, score, train
 
 #: The parts, in the order their streams are declared.
@@ -34,28 +32,14 @@ PARTS: dict[str, Callable[[kf.Job], None]] = {
 }
 
 
-class _Part:
-    """The job as one part sees it: its parameters are the job's ``PART.KEY`` ones."""
-
-    def __init__(self, job: kf.Job, part: str) -> None:
-        self._job = job
-        self._part = part
-
-    def param(self, key: str, default: str | None = None) -> str:
-        return self._job.param(f"{self._part}.{key}", default)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._job, name)
-
-
 def build(job: kf.Job) -> None:
     chosen = [p.strip() for p in job.param("parts", ",".join(PARTS)).split(",") if p.strip()]
     unknown = [p for p in chosen if p not in PARTS]
     if unknown or not chosen:
-        raise InvalidParameterError(
+        raise kf.InvalidParameterError(
             f"job {job.name!r}: parts {', '.join(unknown) or '(none)'} are not among "
             f"{', '.join(PARTS)}"
         )
     for part, build_part in PARTS.items():
         if part in chosen:
-            build_part(cast(kf.Job, _Part(job, part)))
+            build_part(job.scoped(part))

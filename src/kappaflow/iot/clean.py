@@ -45,7 +45,6 @@ from pyspark.sql import functions as F
 import kappaflow as kf
 from kappaflow.iot.registry import REGISTRY_TOPIC, Device
 from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
-from kappaflow.timeutil import parse_duration, to_epoch_ms
 
 #: The topic of clean readings, and how long (event time) a device's reading ids are
 #: remembered to drop a second send.
@@ -100,7 +99,7 @@ def first_sends(
     for e in events:
         if e.id in seen:
             continue
-        seen[e.id] = to_epoch_ms(e.time)
+        seen[e.id] = kf.to_epoch_ms(e.time)
         yield Reading(e.device, e.metric, e.value, e.unit, e.time, e.seq, e.id)
     if seen:
         horizon = max(seen.values()) - DEDUP_MS
@@ -153,7 +152,7 @@ def _off(ms: Column, way: str, limit: str) -> Column:
 
 
 def duration_ms(duration: str) -> int:
-    return int(parse_duration(duration) / timedelta(milliseconds=1))
+    return int(kf.parse_duration(duration) / timedelta(milliseconds=1))
 
 
 def build(job: kf.Job) -> None:

@@ -34,7 +34,6 @@ from typing import Any
 import kappaflow as kf
 from kappaflow.iot.clean import CLEAN_TOPIC, CleanReading
 from kappaflow.iot.telemetry import EVENTS_TOPIC
-from kappaflow.timeutil import from_epoch_ms, to_epoch_ms
 
 STATUS_TOPIC = "devices.status"
 #: A device without an event for three heartbeats (the simulator beats every 30 s) is
@@ -70,7 +69,7 @@ class Presence:
 def _status(device: str, p: Presence) -> Status:
     state = "online" if p.online else "offline"
     return Status(
-        device, state, from_epoch_ms(p.last_seen), from_epoch_ms(p.session_start), p.sessions
+        device, state, kf.from_epoch_ms(p.last_seen), kf.from_epoch_ms(p.session_start), p.sessions
     )
 
 
@@ -82,7 +81,7 @@ def presence(
     if p.last_seen:
         ctx.timers.cancel(p.last_seen + OFFLINE_AFTER_MS)
     for e in events:
-        t = to_epoch_ms(e.time)
+        t = kf.to_epoch_ms(e.time)
         if p.online and t - p.last_seen > OFFLINE_AFTER_MS:
             # Silent for longer than the timeout, though its timer has not fired yet (the
             # watermark passed it in this same micro-batch): the session ended back then.
@@ -120,8 +119,8 @@ class Newest:
 def last_values(
     key: tuple[Any, ...], events: list[CleanReading], ctx: kf.StateContext[Newest]
 ) -> Iterator[LastValue]:
-    newest = max(events, key=lambda e: to_epoch_ms(e.time))
-    t = to_epoch_ms(newest.time)
+    newest = max(events, key=lambda e: kf.to_epoch_ms(e.time))
+    t = kf.to_epoch_ms(newest.time)
     if t > ctx.state.time:
         ctx.state.time = t
         yield LastValue(newest.device, newest.metric, newest.value, newest.unit, newest.time)

@@ -50,7 +50,6 @@ from kappaflow.iot.train import (
     forget_after,
     model_family,
 )
-from kappaflow.streams.stateful import StatefulFunction
 
 SCORES_TOPIC = "scores"
 
@@ -121,7 +120,7 @@ def _stored(text: str | None) -> Params | None:
     return params if params is not None and "tail" in params else None
 
 
-def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunction[Scoring]:
+def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> kf.StatefulFunction[Scoring]:
     """The per-key scoring function; ``model`` is the family whose scorer remembers the
     readings that come before the key's first parameters."""
     default = MODELS[model]

@@ -28,10 +28,8 @@ from datetime import datetime
 from typing import Any
 
 import kappaflow as kf
-from kappaflow.errors import InvalidParameterError
 from kappaflow.iot.clean import CLEAN_TOPIC, CleanReading
 from kappaflow.iot.models import DEFAULT_MODEL, MODELS, Trainer
-from kappaflow.streams.stateful import StatefulFunction
 
 MODELS_TOPIC = "models"
 #: A key with no reading for this long (event time) is forgotten, model and all.
@@ -72,7 +70,7 @@ def model_family(job: kf.Job) -> str:
     """The job's ``-P model=...``, one of ``MODELS``."""
     model = job.param("model", DEFAULT_MODEL)
     if model not in MODELS:
-        raise InvalidParameterError(
+        raise kf.InvalidParameterError(
             f"job {job.name!r}: model {model!r} is not one of {', '.join(sorted(MODELS))}"
         )
     return model
@@ -84,7 +82,7 @@ def forget_after(job: kf.Job) -> str | None:
     return None if forget == "never" else forget
 
 
-def trainer_function(model: str, ttl: str | None = FORGET_AFTER) -> StatefulFunction[Learning]:
+def trainer_function(model: str, ttl: str | None = FORGET_AFTER) -> kf.StatefulFunction[Learning]:
     """The per-key training function for the model family ``model``."""
     family = MODELS[model]
 

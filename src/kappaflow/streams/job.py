@@ -13,6 +13,7 @@ and timestamp (``logged_at``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,13 +87,28 @@ class Job:
         self.sources: list[Source] = []
         self.tables: list[Reference] = []
         self.outputs: list[Output] = []
+        #: The prefix ``param`` puts before a key (``scoped``).
+        self._scope = ""
 
     def param(self, key: str, default: str | None = None) -> str:
         """The job parameter ``key`` (``-P key=value``), or ``default``."""
-        value = self.params.get(key, default)
+        value = self.params.get(self._scope + key, default)
         if value is None:
-            raise MissingParameterError(f"job {self.name!r} needs the parameter {key!r}")
+            raise MissingParameterError(
+                f"job {self.name!r} needs the parameter {self._scope + key!r}"
+            )
         return value
+
+    def scoped(self, prefix: str) -> Job:
+        """The job as one part of it sees it: the same job, whose sources, tables and
+        outputs it declares, with its parameters read under ``PREFIX.``: ``param("source")``
+        is ``-P PREFIX.source=...``. A job made of other jobs' ``build`` functions gives
+        each a scope of its own (kappaflow.iot.app)."""
+        if not prefix or "." in prefix:
+            raise InvalidJobError(f"scoped({prefix!r}): give a name without dots")
+        view = copy.copy(self)
+        view._scope = f"{self._scope}{prefix}."
+        return view
 
     def source(
         self,

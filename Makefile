@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # checks the POM fingerprints itself).
 VENV_STAMP := $(VENV)/.kappaflow-installed
 
-.PHONY: setup test-setup demo test test-long test-cluster test-peers check lint format bench bench-scale clean prereqs
+.PHONY: setup test-setup demo test test-long test-cluster test-weights test-peers check lint format bench bench-scale clean prereqs
 
 setup: $(VENV_STAMP)
 	@$(BIN)/kappaflow --state-dir $(STATE_DIR) setup
@@ -66,6 +66,13 @@ test-long: test-setup
 # after make test (.ci/run).
 test-cluster: test-setup
 	$(BIN)/pytest -m cluster -n $(TEST_WORKERS) --dist loadfile
+
+# The three tiers as CI runs them, each recording its files' seconds into
+# tests/file_weights.json, which orders the files of later runs (the longest first).
+test-weights: test-setup
+	$(BIN)/pytest -m "not peers and not cluster and not long" -n $(TEST_WORKERS) --dist loadfile --record-weights
+	$(BIN)/pytest -m "long and not cluster" -n $(TEST_WORKERS) --dist loadfile --record-weights
+	$(BIN)/pytest -m cluster -n $(TEST_WORKERS) --dist loadfile --record-weights
 
 # The benchmark's peer engines run end to end and are checked, as make bench runs them.
 test-peers: setup

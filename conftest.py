@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import file_weights
 import pytest
 from pyspark.sql import SparkSession
 
@@ -49,56 +50,32 @@ TEST_SPARK_CONF = {
 #: only halves the CPU a broker takes to start (7.4 against 4.3 CPU seconds here).
 TEST_KAFKA_JVM = ["-XX:TieredStopAtLevel=1"]
 
+#: Set by CI (.ci/run): a test that would skip, for something this machine lacks (mosquitto,
+#: root to capture loopback traffic, javac), fails instead, so that a green run means
+#: every test of the tier ran.
+NO_SKIPS = os.environ.get("KAPPAFLOW_TEST_NO_SKIPS") == "1"
+
 #: Fixtures that bring up a real service: a test using one is an integration test.
 SERVICE_FIXTURES = frozenset({"kafka", "serving", "spark", "cli", "new_topic"})
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    file_weights.add_option(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # Each test file's seconds in a real run of its tier, to run the longest first.
+    file_weights.configure(config)
     # The user's own KAPPAFLOW_* settings must not leak into the tests, nor into the
     # processes they start.
     for key in [k for k in os.environ if k.startswith("KAPPAFLOW_") and "_TEST_" not in k]:
         del os.environ[key]
 
 
-#: Test files that take minutes (their tests' seconds, roughly, on a 2-core machine in
-#: `make test`): they run first. make test gives whole files to two workers, each the
-#: next file once it is done, so a long file left for last runs alone while the other
-#: worker idles.
-SLOW_FILES = {
-    # make test-long (each file's long tests) ...
-    "test_count_recovery.py": 385,
-    "test_app_crashes.py": 180,
-    "test_iot_demo.py": 170,
-    "test_savepoints.py": 140,
-    "test_session_windows.py": 85,
-    "test_demo.py": 85,
-    # ... make test-cluster ...
-    "test_replication.py": 240,
-    "test_mirror.py": 200,
-    "test_spark_cluster.py": 120,
-    # ... and make test (each file's tests but its long ones).
-    "test_counting.py": 290,
-    "test_app_jobs.py": 205,
-    "test_security.py": 105,
-    "test_spark.py": 100,
-    "test_iot_realtime.py": 95,
-    "test_stream_joins.py": 95,
-    "test_errors.py": 95,
-    "test_iot_learning.py": 85,
-    "test_broker.py": 80,
-    "test_ysb.py": 80,
-    "test_app_examples.py": 75,
-    "test_iot_clean.py": 75,
-    "test_count_boundaries.py": 60,
-    "test_services.py": 60,
-    "test_iot_gateway.py": 55,
-    "test_iot_alerts.py": 55,
-    "test_app_sessions.py": 50,
-    "test_app_storage.py": 45,
-}
 #: The files whose tests use the service's test job (``served``): make test gives them
 #: to one worker together, so that the job runs once, not on every worker; their tests'
-#: seconds together are their weight.
+#: seconds together are their weight. The other files weigh their recorded seconds
+#: (tests/support/file_weights.py): the heaviest run first.
 SERVED_FILES = frozenset(
     {
         "test_api.py",
@@ -109,18 +86,17 @@ SERVED_FILES = frozenset(
         "test_dashboard.py",
     }
 )
-SERVED_WEIGHT = 160
 
 
-def _weight(item: pytest.Item) -> int:
-    if item.path.name in SERVED_FILES:
-        return SERVED_WEIGHT
-    return SLOW_FILES.get(item.path.name, 0)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    weights = file_weights.file_weights(config)
+    served = sum(weights.get(name, 0.0) for name in SERVED_FILES)
 
+    def weight(item: pytest.Item) -> float:
+        return served if item.path.name in SERVED_FILES else weights.get(item.path.name, 0.0)
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Stable: each file's tests keep their order.
-    items.sort(key=lambda item: -_weight(item))
+    items.sort(key=lambda item: -weight(item))
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if "served" in fixtures and item.path.name not in SERVED_FILES:
@@ -133,6 +109,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if not any(item.get_closest_marker(m) for m in ("integration", "peers")):
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report: pytest.TestReport = yield
+    if NO_SKIPS and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped ({reason}), which KAPPAFLOW_TEST_NO_SKIPS=1 refuses"
+    return report
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

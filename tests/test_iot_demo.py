@@ -35,6 +35,8 @@ def own(tmp_path: Path) -> Iterator[Settings]:
     services.down(settings)
 
 
+# Its own wait for the demo's end is 900 s: pytest's timeout must not cut it short.
+@pytest.mark.timeout(1100)
 def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> None:
     # Kafka runs before the demo and keeps running; Redis and MQTT the demo starts and stops.
     assert EmbeddedBroker(own).start() is True

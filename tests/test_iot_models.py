@@ -195,6 +195,8 @@ def test_evaluate_refuses_a_file_without_the_header_in_one_line(
 
 
 @pytest.mark.long
+# Two evaluations of up to 600 s each: pytest's timeout must not cut them short.
+@pytest.mark.timeout(1400)
 def test_evaluate_through_kafka_and_the_jobs_scores_as_the_trainer_and_scorer_do_alone(
     kafka: Settings, tmp_path: Path
 ) -> None:

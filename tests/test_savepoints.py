@@ -41,7 +41,9 @@ from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.streams.output.lake_read import read_arrow
 
-pytestmark = pytest.mark.long
+# The module's job is started, stopped and saved by four commands of up to 360 s each,
+# charged to its first test: pytest's timeout must not cut them short.
+pytestmark = [pytest.mark.long, pytest.mark.timeout(1800)]
 
 ENV = {
     "PYTHONPATH": os.pathsep.join(

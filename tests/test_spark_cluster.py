@@ -194,6 +194,9 @@ def test_a_user_job_on_a_standalone_cluster_with_hadoop_uris(
     assert sorted(r["loud"] for r in lake) == sorted(loud)
 
 
+# Three waits of up to 300 s each after the job starts: pytest's timeout must not cut
+# them short.
+@pytest.mark.timeout(1200)
 def test_the_iot_application_on_a_standalone_cluster(
     standalone: tuple[str, str], cli: RunCli, serving: Settings, topic_name: str
 ) -> None:

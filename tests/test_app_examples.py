@@ -16,8 +16,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 import kappaflow as kf
 from alarm import build as alarm
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.topics import create_topic
 from kappaflow.serving.client import redis_prefix
 from kappaflow.settings import Settings

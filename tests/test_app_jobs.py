@@ -24,8 +24,8 @@ from pyspark.sql import functions as F
 
 import kappaflow as kf
 from kappaflow.errors import KappaflowError
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.settings import Settings

@@ -16,8 +16,8 @@ from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import free_port
 from kappaflow.settings import Settings

@@ -13,8 +13,8 @@ from pyspark.sql import SparkSession
 import kappaflow as kf
 from kappaflow.api.results import latest_records
 from kappaflow.iot import alerts
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.streams.output.backends import read_latest

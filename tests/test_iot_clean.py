@@ -24,8 +24,8 @@ from kappaflow.iot.clean import CLEAN_TOPIC, build
 from kappaflow.iot.registry import REGISTRY_TOPIC, digest, register
 from kappaflow.iot.simulator import FleetConfig, Simulation, device_names
 from kappaflow.iot.telemetry import READINGS_TOPIC, to_canonical
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.clients import producer
 from kappaflow.settings import Settings
 from kappaflow.timeutil import to_epoch_ms

@@ -17,8 +17,8 @@ from pyspark.sql import SparkSession
 import kappaflow as kf
 from kappaflow.iot import app, score, train
 from kappaflow.iot.models import ALERT_SCORE, MODELS
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.topics import create_topic, describe_topic
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for

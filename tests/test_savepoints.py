@@ -32,8 +32,8 @@ from pyspark.sql import SparkSession
 
 import kappaflow.cli
 from kappaflow.errors import TopicNotFoundError
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.from_build import start_app
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.jobs.pipeline import load_build
 from kappaflow.jobs.restore import Change, compare_plans, restore

@@ -20,8 +20,8 @@ from pathlib import Path
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.counting import pipeline as counting
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext, Pipeline
+from kappaflow.jobs.from_build import start_app
 from kappaflow.streams.output.writer import STEPS
 
 CRASH_AT = "KAPPAFLOW_FAULT_CRASH_AT"

@@ -15,8 +15,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 from kappaflow.counting import realtime
 from kappaflow.counting.job import OUTPUT, count_job
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
-from kappaflow.jobs.app import start_app
 from kappaflow.jobs.contract import JobContext, Part, Pipeline
+from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.streams.output.writer import StepHook

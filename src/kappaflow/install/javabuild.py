@@ -20,7 +20,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from kappaflow.errors import JarBuildError
-from kappaflow.install.java import jdk_tool
+from kappaflow.install.jdk import jdk_tool
 from kappaflow.settings import Settings
 
 _STAMP = ".built"

@@ -11,37 +11,62 @@ new results). Give the job another name, or delete its checkpoint, to start over
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kappaflow.jobs.pipeline import load_build
 from kappaflow.jobs.plan import verify_restart
 from kappaflow.settings import Settings
 from kappaflow.streams.output.lake_fs import HadoopFs
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-def check_app(
-    settings: Settings, reference: str, name: str | None, params: Mapping[str, str]
-) -> dict[str, Any]:
-    """Declare the job on a Spark session, without starting it; its plan."""
-    from kappaflow.jobs.app import KafkaReader
+    from kappaflow.streams.job import Job
+
+
+def declare_app(
+    settings: Settings,
+    reference: str,
+    name: str,
+    params: Mapping[str, str],
+    spark: SparkSession,
+) -> Job:
+    """The job the app ``reference`` declares with ``params``, on ``spark``, reading
+    Kafka; nothing is started."""
+    from kappaflow.jobs.from_build import KafkaReader
+    from kappaflow.streams.runtime import declare
+
+    return declare(load_build(reference), name, params, spark, KafkaReader(settings))
+
+
+def mark_topics(settings: Settings, plan: dict[str, Any], checkpoint: str) -> None:
+    """Say in ``plan`` which of its sources' and tables' topics exist, and where its
+    checkpoint is."""
     from kappaflow.kafka.topics import list_topics
-    from kappaflow.spark.session import build_session
-    from kappaflow.streams.runtime import declare, describe, lake_paths
 
-    build = load_build(reference)
-    job_name = name or reference.partition(":")[0].rsplit(".", 1)[-1]
-    spark = build_session(settings, app_name=f"kappaflow:check:{job_name}")
-    job = declare(build, job_name, params, spark, KafkaReader(settings))
-    root = f"{settings.checkpoint_location.rstrip('/')}/{job_name}"
-    for path in lake_paths(job, settings.lake_root):
-        HadoopFs(spark, path)
-    verify_restart(job, HadoopFs(spark, root), root)
-    plan = describe(job)
     existing = {t["name"] for t in list_topics(settings.kafka)}
     for source in plan["sources"]:
         source["topic_exists"] = source["topic"] in existing
     for table in plan["tables"]:
         table["topic_exists"] = not table["kafka"] or table["table"] in existing
-    plan["checkpoint"] = root
+    plan["checkpoint"] = checkpoint
+
+
+def check_app(
+    settings: Settings, reference: str, name: str | None, params: Mapping[str, str]
+) -> dict[str, Any]:
+    """Declare the job on a Spark session, without starting it; its plan."""
+    from kappaflow.spark.session import build_session
+    from kappaflow.streams.runtime import describe, lake_paths
+
+    job_name = name or reference.partition(":")[0].rsplit(".", 1)[-1]
+    spark = build_session(settings, app_name=f"kappaflow:check:{job_name}")
+    job = declare_app(settings, reference, job_name, params, spark)
+    root = f"{settings.checkpoint_location.rstrip('/')}/{job_name}"
+    for path in lake_paths(job, settings.lake_root):
+        HadoopFs(spark, path)
+    verify_restart(job, HadoopFs(spark, root), root)
+    plan = describe(job)
+    mark_topics(settings, plan, root)
     plan["restart"] = "compatible"
     return plan

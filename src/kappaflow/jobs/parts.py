@@ -1,4 +1,4 @@
-"""A job's parts (``pipelines.base.Part``): driver processes beside the job's main driver.
+"""A job's parts (``jobs.contract.Part``): driver processes beside the job's main driver.
 
 The main driver starts each part once its own queries run, waits until the part's
 queries run too, watches it while the job runs, and stops it when the job stops. A part

@@ -103,7 +103,7 @@ def load_pipeline(reference: str) -> Pipeline:
         return found_object
     if _is_build(found_object):
         # A job written on the job API: its build(job) function.
-        from kappaflow.jobs.app import app_pipeline
+        from kappaflow.jobs.from_build import app_pipeline
 
         return app_pipeline(found_object)
     raise InvalidPipelineError(

@@ -203,18 +203,15 @@ def check(
     """Declare the job with its new code and compare it with savepoint ``label``: the
     savepoint and the new plan, with the changes it takes; a change it does not take is
     refused (KF622). Nothing is changed."""
-    from kappaflow.jobs.app import KafkaReader
-    from kappaflow.jobs.pipeline import load_build
+    from kappaflow.jobs.check import declare_app, mark_topics
     from kappaflow.jobs.plan import signature
-    from kappaflow.kafka.topics import list_topics
     from kappaflow.spark.session import build_session
-    from kappaflow.streams.runtime import declare, describe
+    from kappaflow.streams.runtime import describe
 
     savepoint = find(settings, name, label)
     checkpoint_path(settings, name)
-    build = load_build(reference)
     session = spark or build_session(settings, app_name=f"kappaflow:check:{name}")
-    job = declare(build, name, params, session, KafkaReader(settings))
+    job = declare_app(settings, reference, name, params, session)
     plan = describe(job, settings.lake_root)
     states = {output.name: signature(output) for output in job.outputs}
     changes = compare_plans(savepoint.states, savepoint.plan, states, plan)
@@ -226,12 +223,7 @@ def check(
             + "; ".join(map(str, refused))
             + ". Keep those as they were, or start the job under another name"
         )
-    existing = {t["name"] for t in list_topics(settings.kafka)}
-    for source in plan["sources"]:
-        source["topic_exists"] = source["topic"] in existing
-    for table in plan["tables"]:
-        table["topic_exists"] = not table["kafka"] or table["table"] in existing
-    plan["checkpoint"] = f"{settings.checkpoint_location.rstrip('/')}/{name}"
+    mark_topics(settings, plan, f"{settings.checkpoint_location.rstrip('/')}/{name}")
     plan["restart"] = f"from savepoint {savepoint.label}: compatible"
     plan["savepoint"] = {**savepoint.summary(), "changes": [c.to_json() for c in changes]}
     return savepoint, plan

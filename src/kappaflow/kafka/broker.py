@@ -32,7 +32,7 @@ from kappaflow.errors import (
     ServiceStartTimeoutError,
 )
 from kappaflow.install.artifacts import kafka_broker_jars
-from kappaflow.install.java import find_java
+from kappaflow.install.jdk import find_java
 from kappaflow.kafka.node import BrokerStatus, KafkaNode
 from kappaflow.procs import ManagedProcess, ProcState, port_held
 from kappaflow.security import (

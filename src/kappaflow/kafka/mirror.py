@@ -31,7 +31,7 @@ from kappaflow.errors import (
     MirrorTargetError,
 )
 from kappaflow.install.artifacts import kafka_mirror_jars
-from kappaflow.install.java import find_java
+from kappaflow.install.jdk import find_java
 from kappaflow.kafka.clients import cluster_metadata
 from kappaflow.kafka.node import rolling_log4j2, writable_dirs
 from kappaflow.kafka.records import StartAt, read_records

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from kappaflow.errors import ClassArchiveError
-from kappaflow.install.java import jdk_tool
+from kappaflow.install.jdk import jdk_tool
 from kappaflow.install.localfs import local_fs_jar
 from kappaflow.settings import Settings
 from kappaflow.spark.environment import is_local_master

@@ -15,7 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from kappaflow.install.artifacts import spark_connector_jars
-from kappaflow.install.java import find_java
+from kappaflow.install.jdk import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.spark.cds import archive_options

@@ -24,7 +24,7 @@ from kappaflow.errors import (
     ServiceStartTimeoutError,
     StateDirError,
 )
-from kappaflow.install.java import find_java
+from kappaflow.install.jdk import find_java
 from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for

@@ -1,8 +1,8 @@
 """The documentation stays true: its commands and options exist, and every setting is
 documented.
 
-Every ``kappaflow …`` and ``kappaflow-bench …`` line in README.md and docs/ (inline code
-and shell blocks) is walked
+Every ``kappaflow …`` and ``kappaflow-bench …`` line in README.md, docs/ and the
+benchmarks' write-ups (inline code and shell blocks) is walked
 through the click tree word by word: a word after a group must be one of its
 subcommands, and every option on the line must belong to the command it reaches (or, before
 the first subcommand, to the root). A command or option removed from the CLI fails here
@@ -26,7 +26,13 @@ from kappaflow_bench.cli import cli as bench_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The user documentation and the benchmarks' write-ups. The READMEs of benchmark runs
+# (benchmarks/results/) record the commands as they were run, and are not held to the CLI.
+DOCUMENTS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted((ROOT / "benchmarks").glob("*.md")),
+]
 
 #: The documented programs and their click trees.
 PROGRAMS: dict[str, click.Group] = {"kappaflow": cli, "kappaflow-bench": bench_cli}

@@ -39,7 +39,7 @@ EXTERNAL_KAFKA = os.environ.get("KAPPAFLOW_TEST_BOOTSTRAP_SERVERS")
 #: driver's CPU in that time, compiling code it would not run long enough to pay back:
 #: the tests' drivers compile with C1 only. The session every worker shares gets the same,
 #: on purpose: each of its harness runs plans and compiles queries of its own, short-lived
-#: too. (A long-running job keeps C2: docs/benchmarks/iot-latency.md.) With C1 only the
+#: too. (A long-running job keeps C2: benchmarks/iot-latency.md.) With C1 only the
 #: JVM reserves 48 MiB for compiled code instead of 240 MiB, which a driver of the IoT
 #: demo's four queries filled within three minutes ("Out of space in CodeCache"): the
 #: tests' drivers reserve the default's 240 MiB.

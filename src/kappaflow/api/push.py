@@ -41,6 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 from fastapi import FastAPI, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
+from kappaflow.api.sse import ERROR, Event, event_stream
 from kappaflow.errors import (
     BadResumePointError,
     KappaflowError,
@@ -504,6 +505,55 @@ class PushHubs:
         self.readers.shutdown(wait=False, cancel_futures=True)
 
 
+_POSITION = (
+    "the subscriber's position after this event, the next offset of each partition "
+    "(`0:120,1:97`): send it back as `Last-Event-ID` (or `?last_event_id=`) to resume"
+)
+#: A record of the output's topic: a windowed aggregate's change, or a stream's row.
+_RECORD: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        "A record of the output's topic as the job wrote it: for a windowed aggregate, a "
+        "change of a window (its key columns, `window_start`, `window_end`, `values`, "
+        "`previous`, `kind`, `version`, `watermark`, `batch`); for a stream, its row."
+    ),
+    "properties": {
+        "window_start": {"type": "string", "format": "date-time"},
+        "window_end": {"type": "string", "format": "date-time"},
+        "values": {"type": ["object", "null"]},
+        "previous": {"type": ["object", "null"]},
+        "kind": {"type": "string", "enum": ["provisional", "final", "correction"]},
+        "version": {"type": "integer"},
+        "watermark": {"type": ["string", "null"], "format": "date-time"},
+        "batch": {"type": "integer"},
+    },
+    "additionalProperties": True,
+}
+#: The changes route's answer in the OpenAPI description.
+CHANGES_STREAM = event_stream(
+    "Server-Sent Events: a `snapshot` (none when resuming), then every `change`, until "
+    "the client leaves or an `error` ends the stream.",
+    [
+        Event(
+            "snapshot",
+            "the latest record of every key of the output, at a position in its topic",
+            {
+                "type": "object",
+                "properties": {"items": {"type": "array", "items": _RECORD}},
+                "required": ["items"],
+            },
+            id=_POSITION,
+        ),
+        Event("change", "the next record of the output's topic, in order", _RECORD, id=_POSITION),
+        ERROR,
+    ],
+    'retry: 1000\n\nid: 0:14,1:9\nevent: change\ndata: {"page": "/home", '
+    '"window_start": "2026-11-27T10:00:10.000Z", "window_end": "2026-11-27T10:00:20.000Z", '
+    '"values": {"views": 1}, "previous": null, "kind": "provisional", "version": 1, '
+    '"watermark": null, "batch": 5}\n\n',
+)
+
+
 def _sse(event: str, event_id: str, data: str) -> str:
     if "\n" in data:  # a record's JSON is one line; a value with line breaks keeps them
         data = data.replace("\n", "\ndata: ")
@@ -538,6 +588,7 @@ def add_push_routes(app: FastAPI, settings: Settings) -> None:
         "/v1/jobs/{job}/outputs/{output}/changes",
         summary="The output's changes as Server-Sent Events: a snapshot, then each change.",
         response_class=StreamingResponse,
+        responses=CHANGES_STREAM,
     )
     async def changes(
         request: Request,

@@ -39,6 +39,7 @@ from confluent_kafka.admin import OffsetSpec
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from kappaflow.api.sse import ERROR, Event, event_stream
 from kappaflow.errors import (
     ApiBadRequestError,
     ConsumeError,
@@ -69,6 +70,63 @@ KEEPALIVE_S = 10.0
 #: A follower's consumer prefetches at most this much per partition (librdkafka's default,
 #: 64 MiB, is far more than a browser reads).
 FOLLOW_PREFETCH_KB = 1024
+
+
+_TEXT_OR_BASE64 = "UTF-8 text, or base64 when the bytes are not UTF-8 (then `{0}_base64` is true)"
+#: A record as the topic browser answers it (``record_json``).
+_RECORD: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "partition": {"type": "integer"},
+        "offset": {"type": "integer"},
+        "timestamp": {"type": ["string", "null"], "format": "date-time"},
+        "key": {"type": ["string", "null"], "description": _TEXT_OR_BASE64.format("key")},
+        "key_base64": {"type": "boolean"},
+        "value": {"type": ["string", "null"], "description": _TEXT_OR_BASE64.format("value")},
+        "value_base64": {"type": "boolean"},
+        "headers": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "key": {"type": "string"},
+                    "value": {"type": ["string", "null"]},
+                    "base64": {"type": "boolean"},
+                },
+            },
+        },
+    },
+    "required": ["partition", "offset", "timestamp", "key", "value", "headers"],
+}
+#: The follow route's answer in the OpenAPI description.
+FOLLOW_STREAM = event_stream(
+    "Server-Sent Events: `start`, then a `record` per new record, until the client "
+    "leaves or an `error` ends the stream.",
+    [
+        Event(
+            "start",
+            "the offsets the stream starts at: a record written after them is in the stream",
+            {
+                "type": "object",
+                "properties": {
+                    "topic": {"type": "string"},
+                    "offsets": {
+                        "type": "object",
+                        "description": "partition → offset",
+                        "additionalProperties": {"type": "integer"},
+                    },
+                },
+                "required": ["topic", "offsets"],
+            },
+        ),
+        Event("record", "a new record of the topic", _RECORD, id="the record's `partition:offset`"),
+        ERROR,
+    ],
+    'event: start\ndata: {"topic": "views", "offsets": {"0": 41, "1": 37}}\n\n'
+    'event: record\nid: 0:41\ndata: {"partition": 0, "offset": 41, '
+    '"timestamp": "2026-11-27T10:05:00.000Z", "key": "u2", "key_base64": false, '
+    '"value": "{\\"page\\": \\"/\\"}", "value_base64": false, "headers": []}\n\n',
+)
 
 
 def add_topic_routes(app: FastAPI, settings: Settings) -> None:
@@ -127,6 +185,8 @@ def add_topic_routes(app: FastAPI, settings: Settings) -> None:
     @app.get(
         "/v1/topics/{topic}/follow",
         summary="Server-Sent Events of the topic's new records, from the end or a time.",
+        response_class=StreamingResponse,
+        responses=FOLLOW_STREAM,
     )
     async def follow(
         request: Request,

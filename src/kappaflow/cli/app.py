@@ -77,7 +77,7 @@ def cli(
     """kappaflow: Kafka as the event log, Spark Structured Streaming as the engine.
 
     Settings come from these flags, then KAPPAFLOW_* environment variables, then
-    kappaflow.toml, then defaults (see README, "Configuration").
+    kappaflow.toml, then defaults (docs/configuration.md).
     """
     ctx.obj = Context.from_options(
         config_file, state_dir, bootstrap_servers, spark_master, redis_url

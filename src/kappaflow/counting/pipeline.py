@@ -27,7 +27,7 @@ def parts(params: Mapping[str, str], settings: Settings) -> list[Part]:
 
     Beside the micro-batch query in one JVM it stalled: a micro-batch's tasks, its
     garbage and the shared task scheduler held it up, so under load it fell seconds
-    behind (docs/benchmarks/counting.md measures both)."""
+    behind (benchmarks/counting.md measures both)."""
     spec = CountSpec.from_params(dict(params))
     if not spec.realtime:
         return []

@@ -26,7 +26,7 @@ from kappaflow.iot.models.scoring import ALERT_SCORE, Scorer
 
 MODELS: dict[str, Model] = {m.name: m for m in (ROBUST, FORECAST, HST)}
 #: The model the application trains and scores with, chosen by the comparison in
-#: docs/benchmarks/iot-models.md.
+#: benchmarks/iot-models.md.
 DEFAULT_MODEL = "forecast"
 
 __all__ = ["ALERT_SCORE", "DEFAULT_MODEL", "MODELS", "Model", "Params", "Scorer", "Trainer"]

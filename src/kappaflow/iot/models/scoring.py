@@ -10,7 +10,7 @@ _LOG_CAP``, clipped to [0, 1], the score. A score of 0.5 is a tail of 1e-5, 1.0 
 1e-10: a long-run rate of false alarms, not a guess at a probability of anomaly. The tail
 is learnt, not assumed normal, because forecast errors seldom are: a normal tail put
 hundreds of times more normal readings at 0.5 than it promised
-(``docs/benchmarks/iot-models.md``).
+(``benchmarks/iot-models.md``).
 
 A sensor that repeats one value ``STUCK_RUN`` times, on a series that seldom repeats a
 value (``repeats`` in the parameters), scores at least ``ALERT_SCORE`` while it lasts.

@@ -356,7 +356,7 @@ def test_job_lifecycle_errors(
     params = ("-P", f"source={source}", "-P", f"dest={dest}", "-P", "trigger=often")
     start = ("jobs", "start", job, "--pipeline", "clean", *params)
     failed = error_line(cli(*start), "KF607", 1)
-    assert "error[KF501]: invalid trigger 'often'" in failed  # the driver's own code
+    assert "error[KF616]: invalid trigger 'often'" in failed  # the driver's own code
     assert JobManager(kafka).get(job).state is JobState.FAILED
     assert "not running" in error_line(cli("jobs", "stop", job), "KF606", 1)
     assert "not a counting job" in error_line(cli("count", "status", job), "KF611", 1)

@@ -1,4 +1,5 @@
-"""The ``count`` pipeline: a job on the job API (job.py), plus its real-time preview.
+"""The ``count`` pipeline: a job on the job API (job.py), started as any pipeline starts
+one (``kappaflow.jobs.pipeline.start_build``), plus its real-time preview.
 
 The main query is the API's: Kafka → parse → windows → counts → the changelog topic
 ``NAME.counts`` and the serving store, exactly once, with corrections, late events and
@@ -15,8 +16,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from kappaflow.counting import realtime
 from kappaflow.counting.job import OUTPUT, count_job
 from kappaflow.counting.spec import REALTIME_PART, CountSpec
-from kappaflow.jobs.contract import JobContext, Part, Pipeline
-from kappaflow.jobs.from_build import start_app
+from kappaflow.jobs.pipeline import JobContext, Part, Pipeline, start_build
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.streams.output.writer import StepHook
@@ -54,7 +54,7 @@ def start(ctx: JobContext, on_step: StepHook | None = None) -> list[StreamingQue
                 partitions,
             )
         ]
-    return start_app(count_job(spec), ctx, on_step, available_now=spec.available_now)
+    return start_build(ctx, count_job(spec), available_now=spec.available_now, on_step=on_step)
 
 
 #: The ``count`` pipeline (entry point ``count``).

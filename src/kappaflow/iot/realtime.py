@@ -54,7 +54,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from kappaflow.errors import InvalidParameterError, SetupError
+import kappaflow as kf
+from kappaflow.errors import SetupError
 from kappaflow.iot.clean import (
     CLEAN_TOPIC,
     DEDUP_MS,
@@ -70,15 +71,12 @@ from kappaflow.iot.registry import REGISTRY_TOPIC
 from kappaflow.iot.score import SCORES_TOPIC
 from kappaflow.iot.telemetry import METRICS, READINGS_TOPIC
 from kappaflow.iot.train import FORGET_AFTER, MODELS_TOPIC
-from kappaflow.jobs.contract import JobContext, Part, Pipeline
-from kappaflow.jobs.resources import Resources, record_resources
+from kappaflow.jobs.pipeline import JobContext, Part, Pipeline
 from kappaflow.kafka.topics import COMPACTED, create_topic, topic_partitions
 from kappaflow.settings import Settings
-from kappaflow.spark.kafka_io import read_stream, write_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
 from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
-from kappaflow.timeutil import parse_duration
 
 #: The part whose driver runs the query.
 PART = "score"
@@ -109,7 +107,7 @@ _MODEL = StructType(
 def _from_raw(params: Mapping[str, str]) -> bool:
     readings = params.get("readings", "clean")
     if readings not in ("clean", "raw"):
-        raise InvalidParameterError(f"readings {readings!r}: the readings are clean or raw")
+        raise kf.InvalidParameterError(f"readings {readings!r}: the readings are clean or raw")
     return readings == "raw"
 
 
@@ -141,7 +139,7 @@ def _slots(settings: Settings, params: Mapping[str, str]) -> tuple[int, int]:
 def _family(params: Mapping[str, str]) -> str:
     model = params.get("model", DEFAULT_MODEL)
     if model not in FAMILIES:
-        raise InvalidParameterError(
+        raise kf.InvalidParameterError(
             f"model {model!r}: the real-time scorer scores {' and '.join(FAMILIES)}"
         )
     return model
@@ -316,14 +314,12 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     settings, spark = ctx.settings, ctx.spark
     model = _family(ctx.params)
     forget = ctx.param("forget_after", FORGET_AFTER)
-    ttl_ms = 0 if forget == "never" else int(parse_duration(forget) / timedelta(milliseconds=1))
+    ttl_ms = 0 if forget == "never" else int(kf.parse_duration(forget) / timedelta(milliseconds=1))
     _needs_jar(settings)
     source, models, dest = _topics(ctx.params)
     dead_letters = f"{ctx.name}.dlq"
-    # Before it is created: `kappaflow jobs remove` deletes the job's own topics it finds.
-    record_resources(settings.jobs_dir / ctx.name, Resources(topics=(dead_letters,)))
-    for topic in (dest, dead_letters):
-        create_topic(settings.kafka, topic, exist_ok=True)
+    ctx.create_topic(dest)
+    ctx.create_topic(dead_letters, owned=True)  # `kappaflow jobs remove` deletes it
     _, state_partitions = _slots(settings, ctx.params)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -333,7 +329,7 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
     try:
         from_raw = _from_raw(ctx.params)
         registry = _registry(ctx.params)
-        read = read_stream(spark, settings, ",".join(filter(None, (source, models, registry))))
+        read = ctx.kafka_stream(",".join(filter(None, (source, models, registry))))
         limits = {
             k: ctx.param(k, d) for k, d in (("max_ahead", MAX_AHEAD), ("max_behind", MAX_BEHIND))
         }
@@ -351,7 +347,7 @@ def start(ctx: JobContext) -> list[StreamingQuery]:
             F.col("_1").alias("topic"), F.col("_2").alias("key"), F.col("_3").alias("value")
         )
         query: StreamingQuery = (
-            write_stream(out, settings)
+            ctx.kafka_sink(out)
             .queryName(f"{ctx.name}.scores")
             .outputMode("update")
             .option("checkpointLocation", str(ctx.checkpoint_dir / "scores"))

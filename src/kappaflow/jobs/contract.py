@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kappaflow.errors import MissingParameterError
+from kappaflow.jobs.files import Resources, record_resources
 from kappaflow.settings import SettingsOverrides
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
     from kappaflow.settings import Settings
 
@@ -41,10 +42,58 @@ class JobContext:
         return (self.settings.checkpoint_root / self.name).resolve()
 
     def param(self, key: str, default: str | None = None) -> str:
+        """The job parameter ``key`` (``-P key=value``), or ``default``."""
         value = self.params.get(key, default)
         if value is None:
             raise MissingParameterError(f"job {self.name!r} needs the parameter {key!r}")
         return value
+
+    def kafka_stream(self, topics: str, *, starting_offsets: str = "earliest") -> DataFrame:
+        """The records of ``topics`` (one, or several separated by commas) as an unbounded
+        DataFrame with Kafka's columns (``key``, ``value``, ``topic``, ``partition``,
+        ``offset``, ``timestamp``, ...): committed records only, and records retention
+        deleted before the job read them reported in its log, not a failure."""
+        from kappaflow.spark.kafka_io import read_stream
+
+        return read_stream(self.spark, self.settings, topics, starting_offsets=starting_offsets)
+
+    def kafka_sink(self, frame: DataFrame, topic: str | None = None) -> DataStreamWriter:
+        """A Kafka sink for ``frame``, which has a ``value`` column (and may have ``key``,
+        ``headers``, and ``topic`` when ``topic`` is None). At least once: Spark's Kafka
+        sink is not transactional."""
+        from kappaflow.spark.kafka_io import write_stream
+
+        return write_stream(frame, self.settings, topic)
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has; KF404 if it does not exist."""
+        from kappaflow.kafka.topics import topic_partitions
+
+        return len(topic_partitions(self.settings.kafka, topic))
+
+    def create_topic(
+        self,
+        topic: str,
+        *,
+        partitions: int | None = None,
+        configs: Mapping[str, str] | None = None,
+        owned: bool = False,
+    ) -> None:
+        """Create ``topic`` unless it exists (``partitions``: the platform's default).
+        ``owned``: the topic is the job's own, such as its dead letters, and
+        ``kappaflow jobs remove`` deletes it with the job (recorded before it is created,
+        so that a crash in between leaves nothing unrecorded)."""
+        from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic
+
+        if owned:
+            record_resources(self.settings.jobs_dir / self.name, Resources(topics=(topic,)))
+        create_topic(
+            self.settings.kafka,
+            topic,
+            partitions=partitions or DEFAULT_PARTITIONS,
+            configs=dict(configs or {}),
+            exist_ok=True,
+        )
 
 
 @dataclass(frozen=True)

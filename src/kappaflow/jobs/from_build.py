@@ -10,9 +10,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.errors import TopicNotFoundError
 from kappaflow.jobs.contract import JobContext, Pipeline
-from kappaflow.jobs.files import PLAN, write_atomically
+from kappaflow.jobs.files import PLAN, record_resources, write_atomically
 from kappaflow.jobs.plan import record_plan, verify_restart
-from kappaflow.jobs.resources import job_resources, record_resources
+from kappaflow.jobs.resources import job_resources
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings

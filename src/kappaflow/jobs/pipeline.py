@@ -15,12 +15,17 @@ import inspect
 import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import InvalidPipelineError, PipelineNotFoundError
 from kappaflow.jobs.contract import JobContext as JobContext
 from kappaflow.jobs.contract import Part as Part
 from kappaflow.jobs.contract import Pipeline as Pipeline
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+    from kappaflow.streams.output.writer import StepHook
 
 #: The entry point group in which distributions name their pipelines.
 ENTRY_POINT_GROUP = "kappaflow.pipelines"
@@ -110,3 +115,20 @@ def load_pipeline(reference: str) -> Pipeline:
         f"pipeline {reference!r} is a {type(found_object).__name__}, not a job's build "
         "function or a kappaflow Pipeline"
     )
+
+
+def start_build(
+    ctx: JobContext,
+    build: Callable[..., None],
+    *,
+    available_now: bool = False,
+    on_step: StepHook | None = None,
+) -> list[StreamingQuery]:
+    """Start the queries of the job ``build`` declares on the job API, with all its
+    guarantees, from a pipeline's ``start``: for a pipeline that runs such a job beside
+    queries of its own in parts, as the counting job runs its real-time preview.
+    ``available_now``: the queries read what the sources hold now, then stop.
+    ``on_step`` is called at each step of every batch's writes (fault-injection tests)."""
+    from kappaflow.jobs.from_build import start_app
+
+    return start_app(build, ctx, on_step, available_now=available_now)

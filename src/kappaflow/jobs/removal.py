@@ -20,9 +20,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from kappaflow.jobs.files import local_path
+from kappaflow.jobs.files import local_path, read_resources
 from kappaflow.jobs.manager import JobManager
-from kappaflow.jobs.resources import read_resources
 from kappaflow.kafka.topics import delete_topic, list_topics
 from kappaflow.serving.client import drop_job_keys, redis_client
 from kappaflow.settings import Settings

@@ -247,7 +247,7 @@ def restore(
     and a change the savepoint cannot take."""
     from pyspark.sql import SparkSession
 
-    from kappaflow.jobs.resources import read_resources
+    from kappaflow.jobs.files import read_resources
     from kappaflow.kafka.topics import list_topics
     from kappaflow.serving.client import redis_client
     from kappaflow.spark.session import build_session

@@ -171,7 +171,7 @@ def _check_new(folder: Path, name: str, label: str) -> None:
 def take_here(settings: Settings, name: str, label: str, *, paused: bool = False) -> Savepoint:
     """Copy job ``name``'s checkpoint and record its sinks' progress, in this process; no
     query of the job may run (``paused``: its driver stopped them for this)."""
-    from kappaflow.jobs.resources import read_resources
+    from kappaflow.jobs.files import read_resources
 
     jobs = JobManager(settings)
     record = jobs.get(name)

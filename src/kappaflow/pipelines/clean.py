@@ -17,23 +17,18 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from kappaflow.errors import InvalidDurationError
-from kappaflow.jobs.contract import JobContext, Pipeline
-from kappaflow.kafka.topics import create_topic, topic_partitions
-from kappaflow.spark.kafka_io import read_stream, write_stream
-from kappaflow.timeutil import parse_duration
+import kappaflow as kf
+from kappaflow.jobs.pipeline import JobContext, Pipeline
 
 
 def run(ctx: JobContext) -> list[StreamingQuery]:
     source = ctx.param("source")
     dest = ctx.param("dest")
     dlq = ctx.param("dlq", f"{ctx.name}.dlq")
-    topic_partitions(ctx.settings.kafka, source)
+    ctx.partitions(source)  # KF404 if it does not exist, before anything is created
     for topic in (dest, dlq):
-        create_topic(ctx.settings.kafka, topic, exist_ok=True)
-    raw = read_stream(
-        ctx.spark, ctx.settings, source, starting_offsets=ctx.param("starting_offsets", "earliest")
-    )
+        ctx.create_topic(topic)
+    raw = ctx.kafka_stream(source, starting_offsets=ctx.param("starting_offsets", "earliest"))
     parsed = raw.withColumn("event", F.expr("try_parse_json(CAST(value AS STRING))"))
     is_object = F.coalesce(F.expr("startswith(schema_of_variant(event), 'OBJECT')"), F.lit(False))
     reason = (
@@ -69,7 +64,7 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         coordinates.alias("headers"),
     )
     writer = (
-        write_stream(routed, ctx.settings)
+        ctx.kafka_sink(routed)
         .queryName(ctx.name)
         .option("checkpointLocation", str(ctx.checkpoint_dir / "clean"))
     )
@@ -80,9 +75,9 @@ def run(ctx: JobContext) -> list[StreamingQuery]:
         writer = writer.outputMode("update").trigger(realTime="5 seconds")  # type: ignore[call-overload]
     else:
         try:
-            seconds = parse_duration(trigger).total_seconds()
-        except InvalidDurationError:
-            raise InvalidDurationError(
+            seconds = kf.parse_duration(trigger).total_seconds()
+        except kf.KappaflowError:
+            raise kf.InvalidParameterError(
                 f"invalid trigger {trigger!r}: available-now, realtime or a duration such as 1s"
             ) from None
         writer = writer.trigger(processingTime=f"{seconds} seconds")

@@ -17,7 +17,7 @@ from kappaflow.iot.evaluation import incidents, judge, replay
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
 from kappaflow.iot.replay import Running
 from kappaflow.iot.score import _stored
-from kappaflow.jobs.runner import MAX_RESTARTS
+from kappaflow.jobs.restarts import MAX_RESTARTS
 from kappaflow.settings import Settings
 
 

@@ -36,7 +36,7 @@ from kappaflow.iot import score, train
 from kappaflow.iot.evaluation import Series, parse_time, rounds
 from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.from_build import start_app
-from kappaflow.jobs.runner import MAX_RESTARTS, failures, restartable
+from kappaflow.jobs.restarts import MAX_RESTARTS, failures, restartable
 from kappaflow.kafka.clients import consumer, producer
 from kappaflow.kafka.topics import create_topic, delete_topic, topic_partitions
 from kappaflow.settings import Settings

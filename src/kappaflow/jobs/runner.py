@@ -34,6 +34,7 @@ from kappaflow.jobs.files import write_atomically
 from kappaflow.jobs.manager import JobRecord, JobState
 from kappaflow.jobs.parts import PART_ARG, PartProcesses, write_part_state
 from kappaflow.jobs.pipeline import load_pipeline
+from kappaflow.jobs.restarts import MAX_RESTARTS, RESTART_PAUSE_S, failures, restartable
 from kappaflow.jobs.savepoints import answer_savepoint, savepoint_asked
 from kappaflow.timeutil import iso
 
@@ -45,13 +46,6 @@ POLL_S = 0.5
 PART_START_TIMEOUT_S = 150.0
 #: How long a part may take to stop its queries when the job stops.
 PART_STOP_TIMEOUT_S = 30.0
-#: Failures a job's queries restart from their checkpoints after, rather than fail the
-#: job: Spark gives a Python process it starts ten seconds, fixed, to connect back, which
-#: several starting at once on a busy machine can miss. A restart runs the batch again,
-#: and the sinks' commits make that change nothing.
-TRANSIENT = ("Python worker failed to connect back",)
-MAX_RESTARTS = 3
-RESTART_PAUSE_S = 5.0
 #: How long a savepoint waits for the job's queries to be between batches before it
 #: stops them in one: a batch takes seconds, a job that never rests runs them back to back.
 SAVEPOINT_QUIET_S = 30.0
@@ -185,16 +179,6 @@ def _between_batches(queries: list[Any], stop: threading.Event) -> None:
         if not any(q.isActive and q.status["isTriggerActive"] for q in queries):
             return
         time.sleep(0.05)
-
-
-def failures(queries: list[Any]) -> list[str]:
-    """The exceptions of the queries that stopped with one, as text."""
-    return [str(e) for q in queries if not q.isActive and (e := q.exception())]
-
-
-def restartable(failed: list[str]) -> bool:
-    """Whether some query failed, and every failed one for a reason a restart cures."""
-    return bool(failed) and all(any(t in text for t in TRANSIENT) for text in failed)
 
 
 def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -> int:

@@ -23,7 +23,7 @@ from live_jobs import send_json
 from service import VIEWS, Served, expected_windows, serve, served_app
 from websockets.sync.client import connect
 
-from kappaflow.api.push import Change, Hub, encode_position
+from kappaflow.api.hub import Change, Hub, encode_position
 from kappaflow.errors import (
     BadResumePointError,
     NoChangelogError,

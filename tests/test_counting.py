@@ -248,7 +248,9 @@ def test_event_times_keys_and_every_dead_letter_reason(
     wait_stats(serving, job_name, counted=len(good), dead_letters=len(bad))
 
     assert store_counts(serving, job_name) == {("/a", BASE): 4, ("7", BASE): 1}
-    dead = topic_values(serving, f"{job_name}.dlq")
+    # The store's statistics are written before the batch's Kafka transaction commits:
+    # the dead letters are read once they are all there.
+    dead = topic_values(serving, f"{job_name}.dlq", at_least=len(bad))
     assert sorted(d["error"] for d in dead) == sorted(reason for _, reason in bad)
     by_offset = {d["source_offset"]: d for d in dead}
     for offset_, (raw, reason) in enumerate(bad, start=len(good)):
@@ -313,13 +315,19 @@ def test_sliding_windows_and_state_readback(
     )
     assert stats(serving, job_name).counted == 20  # events, not window increments
 
-    from_state = [json.loads(line) for line in cli("counts", job_name, "--from-state").lines()]
     from_store = {
         (r["key"], r["window_start"]): r["count"]
         for r in map(json.loads, cli("counts", job_name).lines())
     }
-    assert from_state, "the state holds the windows still open"
-    for row in from_state:
+
+    def from_state() -> list[dict[str, Any]] | None:
+        # The store is written before the batch's checkpoint commits, and the state is
+        # read as of the last committed batch: it holds the windows once that commits.
+        found = [json.loads(line) for line in cli("counts", job_name, "--from-state").lines()]
+        return found or None
+
+    held = wait_for(from_state, timeout=60, what="the state to hold the windows still open")
+    for row in held:
         assert from_store[(row["key"], row["window_start"])] == row["count"]
 
 
@@ -344,15 +352,25 @@ def test_realtime_mode_previews_counts_beside_the_exactly_once_path(
         return latest if latest == want else None
 
     wait_for(realtime_counts, timeout=120, what="real-time counts to match")
-    records = list(read_records(serving.kafka, f"{job_name}.counts", start=StartAt(beginning=True)))
-    partitions: defaultdict[bytes, set[tuple[str, int | None]]] = defaultdict(set)
-    for m in records:
-        value = json.loads(m.value() or b"{}")
-        # The micro-batch path's records name their batch; the real-time ones their mode.
-        mode = value.get("mode", "micro-batch" if "batch" in value else None)
-        partitions[m.key() or b""].add((mode, m.partition()))
-        if mode == "realtime":
-            assert value["kind"] == "provisional" and value["latest_event"]
+
+    def both_paths() -> defaultdict[bytes, set[tuple[str, int | None]]] | None:
+        # The store is written before the micro-batch's Kafka transaction commits: the
+        # topic has every window from both paths once that commits.
+        topic = f"{job_name}.counts"
+        found: defaultdict[bytes, set[tuple[str, int | None]]] = defaultdict(set)
+        for m in read_records(serving.kafka, topic, start=StartAt(beginning=True)):
+            value = json.loads(m.value() or b"{}")
+            # The micro-batch path's records name their batch; the real-time ones their mode.
+            mode = value.get("mode", "micro-batch" if "batch" in value else None)
+            found[m.key() or b""].add((mode, m.partition()))
+            if mode == "realtime":
+                assert value["kind"] == "provisional" and value["latest_event"]
+        complete = all(
+            {mode for mode, _ in seen} == {"realtime", "micro-batch"} for seen in found.values()
+        )
+        return found if found and complete else None
+
+    partitions = wait_for(both_paths, timeout=60, what="both paths' records of every window")
     for key, seen in partitions.items():
         modes = {mode for mode, _ in seen}
         assert modes == {"realtime", "micro-batch"}, key
@@ -426,8 +444,13 @@ def test_session_windows(
     assert [(w["window_start"], w["window_end"], w["count"], w["final"]) for w in windows] == [
         (iso(from_epoch_ms(BASE)), iso(from_epoch_ms(BASE + 17_000)), 7, False)
     ]
-    retracted = [c for c in changelog(serving, job_name) if c["count"] == 0]
-    assert retracted and all(c["kind"] == "correction" and c["key"] == "/a" for c in retracted)
+
+    def retractions() -> list[dict[str, Any]] | None:
+        # The store is written before the batch's Kafka transaction commits.
+        return [c for c in changelog(serving, job_name) if c["count"] == 0] or None
+
+    retracted = wait_for(retractions, timeout=60, what="the retraction in the changelog")
+    assert all(c["kind"] == "correction" and c["key"] == "/a" for c in retracted)
     assert ("/a", 1) in [(c["key"], c["previous"]) for c in retracted]  # the 14 s session
     status = json.loads(cli("count", "status", job_name).out)
     assert status["events_read"] == 9

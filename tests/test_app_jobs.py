@@ -27,6 +27,7 @@ from kappaflow.errors import KappaflowError
 from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.from_build import start_app
 from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.status import outputs_status
 from kappaflow.kafka.topics import create_topic, list_topics
 from kappaflow.settings import Settings
 from kappaflow.streams.output.lake_read import read_arrow
@@ -234,9 +235,19 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
         # An hour behind both streams: Spark's join drops it; kappaflow reports it late.
         put(payments, "o0", {"order_id": "o0", "paid": 1.0, "at": "2026-11-23T09:00:00Z"})
         [late] = wait_records(f"{name}.late", 1)
+        # The join's status counts the records of both its streams: 3 orders, 4 payments
+        # (once the output's status has recorded the batch that read the late payment).
+        joined = wait_for(
+            lambda: (lambda o: o if o.get("late", 0) >= 1 else None)(
+                outputs_status(kafka, name).get(topics["paid"], {})
+            ),
+            timeout=30,
+            what="the join's status to record the late payment",
+        )
     finally:
         for query in queries:
             query.stop()
+    assert joined["events_read"] == 3 + 4
     assert [(r["order_id"], r["category"]) for r in enriched] == [
         ("o1", "drinks"),
         ("o2", "herbal"),
@@ -252,6 +263,59 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
         {"order_id": "o0"},
     )
     assert late["reason"] == f"behind the watermark of the join of {orders!r} with {payments!r}"
+
+
+def passed_on_from_latest(job: kf.Job) -> None:
+    orders = job.source(job.param("orders"), JoinedOrder, key="sku", start="latest")
+    orders.to(kf.topic(job.param("out")), name="passed")
+
+
+def test_events_read_count_from_where_a_job_started_and_go_on_after_a_restart(
+    spark: SparkSession, kafka: Settings, new_topic: Callable[..., str]
+) -> None:
+    """A job that starts at the source's latest offsets has read what came after, not
+    the offsets before it: through a restart, the events read equal those accounted."""
+    source = new_topic(partitions=2)
+
+    def orders(first: int, n: int) -> list[dict[str, Any]]:
+        at = "2026-11-23T10:00:00Z"
+        return [
+            {"order_id": f"o{i}", "sku": f"s{i % 3}", "at": at} for i in range(first, first + n)
+        ]
+
+    send_json(kafka, source, orders(0, 5), key="sku")
+    ctx = JobContext(
+        f"latest-{uuid.uuid4().hex[:8]}", {"orders": source, "out": new_topic()}, spark, kafka
+    )
+
+    def passed(events: int) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            found = outputs_status(kafka, ctx.name).get("passed", {})
+            return found if found.get("events", 0) >= events else None
+
+        return wait_for(reached, timeout=90, interval=0.5, what=f"{events} events passed")
+
+    def accounted(status: dict[str, Any]) -> int:
+        return sum(status[k] for k in ("events", "duplicates", "late", "dead_letters"))
+
+    [query] = start_app(passed_on_from_latest, ctx)
+    try:
+        # The query's first trigger fixes its start at the latest offsets.
+        wait_for(lambda: query.lastProgress, timeout=90, what="the query's first trigger")
+        send_json(kafka, source, orders(5, 4), key="sku")
+        first = passed(4)
+    finally:
+        query.stop()
+    assert first["events_read"] == 4 == accounted(first)
+    # Sent while the job is stopped, and after it starts again: read from where it was.
+    send_json(kafka, source, orders(9, 2), key="sku")
+    [query] = start_app(passed_on_from_latest, ctx)
+    try:
+        send_json(kafka, source, orders(11, 1), key="sku")
+        after = passed(7)
+    finally:
+        query.stop()
+    assert after["events_read"] == 7 == accounted(after)
 
 
 def test_a_job_whose_table_topic_is_missing_does_not_start(

@@ -12,7 +12,7 @@ import signal
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psutil
@@ -211,6 +211,37 @@ def test_event_time_corrections_late_events_and_dead_letters(
     assert {r["window_start"]: r["count"] for r in rows}["2026-11-21T22:26:40.000Z"] == 3
     final_only = cli("counts", job_name, "--final-only").lines()
     assert len(final_only) == 15
+
+
+def test_events_read_from_a_time_through_a_restart_and_a_rewind(
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+) -> None:
+    """A job started at a time has read what came after it, not the offsets before it;
+    started again at that time, it reads those events again, and each read counts: the
+    events read stay equal to those accounted (the re-read ones dropped as duplicates)."""
+    source = new_topic(partitions=2)
+    send(serving, source, events(3, start=100))
+    # Kafka stamps records when they are sent: after the three above, before the rest.
+    since = iso(from_epoch_ms(int(datetime.now(UTC).timestamp() * 1000) + 1))
+
+    def status() -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(cli("count", "status", job_name).out)
+        return found
+
+    start(cli, job_name, source, "--from-time", since)
+    send(serving, source, events(4))
+    wait_stats(serving, job_name, counted=4)
+    first = status()
+    assert (first["events_read"], first["accounted"], first["counted"]) == (4, 4, 4)
+    assert cli("count", "stop", job_name).code == 0
+    # Sent while the job is stopped; started at the same time again, the job reads the
+    # first four again, then these.
+    send(serving, source, events(3, start=4))
+    start(cli, job_name, source, "--from-time", since)
+    wait_stats(serving, job_name, counted=7, duplicates=4)
+    again = status()
+    assert (again["counted"], again["duplicates_dropped"], again["late"]) == (7, 4, 0)
+    assert (again["events_read"], again["accounted"]) == (4 + 4 + 3, 11)
 
 
 def test_event_times_keys_and_every_dead_letter_reason(

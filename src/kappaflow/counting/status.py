@@ -5,7 +5,8 @@ source, through the last batch applied to the store; ``accounted`` sums what the
 own code did with each event (counted, dropped as a duplicate, late, dead letter). The
 two are equal when no event was lost or counted twice. A transactional producer's commit
 markers take source offsets too: on such a source ``events_read`` exceeds ``accounted``
-by the number of markers.
+by the number of markers. Events read again after a ``--from-time`` rewind or a failover
+count in both, each time they are read (spark/checkpoint.py ``move_source``).
 """
 
 from __future__ import annotations

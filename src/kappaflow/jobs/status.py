@@ -3,7 +3,8 @@
 Per output: its last batch and running totals (events passed, duplicates dropped, late
 events, dead letters, Kafka records and lake rows written), as its batch writer recorded
 them after the batch's transaction committed (writer.py); the events read, measured from
-the offsets in Spark's checkpoint up to that batch (spark/checkpoint.py); and the query's
+the offsets in Spark's checkpoint up to that batch, over every Kafka source of the query
+(both streams of a join; spark/checkpoint.py); and the query's
 last progress: watermark, rows per second, batch duration, state rows and memory, and
 how far behind the source's latest offsets it is.
 """
@@ -21,12 +22,26 @@ from kappaflow.spark.checkpoint import offsets_consumed
 
 def job_status(settings: Settings, name: str) -> dict[str, Any]:
     """Everything known about job ``name``: its record, its outputs, their progress."""
+    record = JobManager(settings).get(name)
+    return {
+        "job": name,
+        "state": str(record.state),
+        "pid": record.pid,
+        "app": record.pipeline,
+        "params": record.params,
+        "started_at": record.started_at,
+        "error": record.error,
+        "outputs": outputs_status(settings, name),
+    }
+
+
+def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
+    """Per output of job ``name``: its accounting, the events its query read, its
+    progress (what ``jobs status`` prints under ``outputs``)."""
     manager = JobManager(settings)
-    record = manager.get(name)
-    home = manager.job_dir(name)
     progress = manager.progress(name)
     outputs: dict[str, Any] = {}
-    folder = home / "outputs"
+    folder = manager.job_dir(name) / "outputs"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         output = path.stem
         status = _json(path) or {}
@@ -39,21 +54,12 @@ def job_status(settings: Settings, name: str) -> dict[str, Any]:
         }
         entry.update(_progress(progress.get(f"{name}.{output}")))
         outputs[output] = entry
-    return {
-        "job": name,
-        "state": str(record.state),
-        "pid": record.pid,
-        "app": record.pipeline,
-        "params": record.params,
-        "started_at": record.started_at,
-        "error": record.error,
-        "outputs": outputs,
-    }
+    return outputs
 
 
 def _events_read(settings: Settings, job: str, output: str, batch_id: int | None) -> int | None:
-    """Source offsets the output's query consumed through ``batch_id`` (local
-    checkpoints only; None elsewhere or before the first batch)."""
+    """Source offsets the output's query consumed through ``batch_id``, from every Kafka
+    source it reads (local checkpoints only; None elsewhere or before the first batch)."""
     location = settings.checkpoint_location
     if batch_id is None or ("://" in location and not location.startswith("file:")):
         return None

@@ -5,6 +5,13 @@ Spark writes, before running batch N, the end offsets of every source for that b
 Kafka source writes the offsets it first started from (``sources/<i>/0``). Between the two
 lies exactly what the query has read through batch N: a measurement that owes nothing to
 what the query's own code counted.
+
+A move of a stopped query's offsets (``move_source``: a ``--from-time`` rewind, a
+failover) rewrites the end offsets of its last batch, so the difference alone would no
+longer say what the query read. Each move is recorded beside the checkpoint
+(``kappaflow-moves.json``), with the offsets it took away; what the query consumed counts
+what it read before the move, then what it reads from where it was moved to: records read
+again count each time they are read.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ from pathlib import Path
 
 #: {topic: {partition: offset}}
 Offsets = dict[str, dict[str, int]]
+
+#: Beside a query's checkpoint: the moves of its offsets (move_source).
+MOVES = "kappaflow-moves.json"
 
 
 def start_offsets(query_dir: Path, source: int = 0) -> Offsets:
@@ -28,17 +38,58 @@ def batch_end_offsets(query_dir: Path, batch_id: int, source: int = 0) -> Offset
     return _json_line(lines, 2 + source)
 
 
-def offsets_consumed(query_dir: Path, batch_id: int, source: int = 0) -> int:
-    """How many offsets of its ``source``-th source the query consumed in batches 0 to
-    ``batch_id``. A partition that appeared after the start counts from offset 0, where
-    Spark starts reading a new partition."""
-    start = start_offsets(query_dir, source)
-    end = batch_end_offsets(query_dir, batch_id, source)
-    return sum(
-        offset - start.get(topic, {}).get(partition, 0)
-        for topic, partitions in end.items()
-        for partition, offset in partitions.items()
-    )
+def offsets_consumed(query_dir: Path, batch_id: int) -> int:
+    """How many offsets of its Kafka sources (every one: a stream-stream join has two) the
+    query consumed in batches 0 to ``batch_id``, counting what a move made it read again
+    each time it was read. A partition that appeared after the start counts from offset 0,
+    where Spark starts reading a new partition."""
+    lines = (query_dir / "offsets" / str(batch_id)).read_text().splitlines()
+    shifted = sum(m["offsets"] for m in _moves(query_dir) if m["batch"] <= batch_id)
+    return _consumed(query_dir, lines) + shifted
+
+
+def _consumed(query_dir: Path, lines: list[str]) -> int:
+    """Offsets between each Kafka source's start and the end offsets of an offset log
+    entry's ``lines``.
+
+    From the third line on, the entry holds one line per place a source takes in the
+    query's plan (``-`` for one with no offsets yet, other JSON for a source that is not
+    Kafka's): a source read in two places (a stream and its dead letters) has two equal
+    lines and one ``sources/<i>/0``, numbered in the order the sources first appear."""
+    total = 0
+    distinct = list(dict.fromkeys(lines[2:]))
+    for source, line in enumerate(distinct):
+        end = _kafka_offsets(line)
+        if end is None:
+            continue
+        start = start_offsets(query_dir, source)
+        if not set(start) <= set(end):
+            raise ValueError(f"{query_dir}: source {source} started on {sorted(start)}")
+        total += sum(
+            offset - start.get(topic, {}).get(partition, 0)
+            for topic, partitions in end.items()
+            for partition, offset in partitions.items()
+        )
+    return total
+
+
+def _kafka_offsets(line: str) -> Offsets | None:
+    if not line.startswith("{"):
+        return None
+    held = json.loads(line)
+    if not all(isinstance(p, dict) for p in held.values()):
+        return None
+    return {str(t): {str(p): int(o) for p, o in ps.items()} for t, ps in held.items()}
+
+
+def _moves(query_dir: Path) -> list[dict[str, int]]:
+    """The moves of the query's offsets: the batch whose end offsets each rewrote, and the
+    offsets it took away from what the batches up to it had consumed."""
+    path = query_dir / MOVES
+    if not path.exists():
+        return []
+    found: list[dict[str, int]] = json.loads(path.read_text())
+    return found
 
 
 def committed(query_dir: Path, batch_id: int) -> bool:
@@ -73,8 +124,9 @@ def move_source(query_dir: Path, topic: str, offsets: dict[int, int]) -> int | N
 
     The last committed batch's end offsets are rewritten (Spark starts the next batch
     from them), and a batch planned after it but never committed is forgotten (Spark
-    would otherwise run it again, with the old cluster's offsets). Returns the batch whose
-    offsets were moved, or None if the query has committed none."""
+    would otherwise run it again, with the old cluster's offsets). The move is recorded
+    (``MOVES``), so that ``offsets_consumed`` still counts what the query read before it.
+    Returns the batch whose offsets were moved, or None if the query has committed none."""
     log = query_dir / "offsets"
     batches = sorted(int(p.name) for p in log.iterdir() if p.name.isdigit())
     last = last_committed(query_dir)
@@ -84,13 +136,18 @@ def move_source(query_dir: Path, topic: str, offsets: dict[int, int]) -> int | N
         (log / str(planned)).unlink()
         (log / f".{planned}.crc").unlink(missing_ok=True)
     lines = (log / str(last)).read_text().splitlines()
+    before = _consumed(query_dir, lines)
     # Line 0 is the version, line 1 the batch's metadata (its watermark among them), then
     # one line per source.
     for index in range(2, len(lines)):
-        held = json.loads(lines[index])
-        if isinstance(held, dict) and topic in held:
+        held = _kafka_offsets(lines[index])
+        if held is not None and topic in held:
             held[topic] = {str(p): o for p, o in sorted(offsets.items())}
             lines[index] = json.dumps(held, separators=(",", ":"))
+    moves = [*_moves(query_dir), {"batch": last, "offsets": before - _consumed(query_dir, lines)}]
+    recorded = query_dir / f".{MOVES}.moving"
+    recorded.write_text(json.dumps(moves))
+    recorded.replace(query_dir / MOVES)
     scratch = log / f".{last}.moving"
     scratch.write_text("\n".join(lines))
     scratch.replace(log / str(last))

@@ -391,6 +391,42 @@ def test_a_killed_leader_loses_no_acknowledged_record_nor_a_count(with_redis: Se
         stop_if_running(cluster, job)
 
 
+def test_reading_a_partition_whose_only_replica_is_down_is_kf406(cluster: Settings) -> None:
+    """A topic of one replica whose node is stopped: its partition has no leader, so
+    looking up offsets by time, or the log's ends, fails; the cluster still answers."""
+    topic = f"r1-{uuid.uuid4().hex[:8]}"
+    created = run_kappaflow(cluster, "topics", "create", topic, "-p", "1", "-r", "1")
+    assert created.code == 0, created.err
+    sent = producer(cluster.kafka)
+    sent.produce(topic, value=b"kept")
+    assert sent.flush(30) == 0
+    broker = EmbeddedBroker(cluster)
+    replica = describe_topic(cluster.kafka, topic)["partitions"][0]["leader"]
+    assert broker.nodes[replica - 1].stop(timeout=60)
+    try:
+
+        def leaderless() -> bool | None:
+            parts = partitions_via(cluster, topic, others(broker, replica))
+            return True if parts is not None and parts[0].leader == -1 else None
+
+        wait_for(leaderless, timeout=60, interval=0.5, what=f"{topic} without a leader")
+        env = {"KAPPAFLOW_KAFKA__TIMEOUT_S": "5"}
+        by_time = run_kappaflow(cluster, "consume", topic, "--since", "1h", env=env)
+        line = error_line(by_time, "KF406", 1)
+        # librdkafka raises, or answers the partition with an error: either is said so.
+        assert f"cannot look up offsets by time in {topic!r}" in line
+        from_start = run_kappaflow(cluster, "consume", topic, "--from-beginning", env=env)
+        assert f"cannot read the ends of {topic!r} partition 0" in error_line(
+            from_start, "KF406", 1
+        )
+    finally:
+        restarted = run_kappaflow(cluster, "kafka", "start")
+        assert restarted.code == 0, restarted.err
+    read = run_kappaflow(cluster, "consume", topic, "--from-beginning")
+    assert read.code == 0, read.err
+    assert [json.loads(line)["value"] for line in read.lines()] == ["kept"]
+
+
 def test_a_cluster_fully_down_is_a_clear_error(cluster: Settings) -> None:
     stopped = run_kappaflow(cluster, "kafka", "stop")
     assert stopped.code == 0 and "kafka stopped" in stopped.err

@@ -413,6 +413,45 @@ def test_a_spark_job_and_counting_run_through_security(secured: Settings) -> Non
         stop_if_running(secured, count)
 
 
+@pytest.mark.long
+def test_a_spark_job_runs_as_a_user_with_the_documented_rules(secured: Settings) -> None:
+    """docs/security.md's rules for a Spark job's Kafka source and sink, and nothing
+    more: the clean job, run as that user, reads its source and writes its sink."""
+    run = uuid.uuid4().hex[:6]
+    source, dest, job = f"ru-{run}-in", f"ru-{run}-out", f"clean-ru-{run}"
+    create_topic(secured.kafka, source, partitions=2)
+    create_topic(secured.kafka, dest, partitions=1)
+    user = f"spark-{run}"
+    password = new_user(secured, user)
+    for rules in (
+        ("--topic", source, "-o", "read", "-o", "describe"),
+        ("--group", "spark-kafka-source", "--prefixed", "-o", "read"),
+        ("--topic", dest, "-o", "write", "-o", "describe"),
+    ):
+        granted = cli(secured, "acls", "grant", "--user", user, *rules)
+        assert granted.code == 0, granted.err
+    views = events(10)
+    send_json(secured, source, views, key="page")
+    env = {"KAPPAFLOW_KAFKA__SASL_USERNAME": user, "KAPPAFLOW_KAFKA__SASL_PASSWORD": password}
+
+    def as_spark_user(*args: str, **extra: Any) -> Result:
+        return cli(secured, *args, env=env, **extra)
+
+    try:
+        # The clean job's dead letters go to a topic it creates: without `create` on it
+        # the job fails to start, and says what the broker refused to whom.
+        refused = error_line(start_clean_job(as_spark_user, job, source, dest), "KF607", 1)
+        assert f"error[KF902]: Kafka refused this to {user}" in refused
+        dead_letters = ("--topic", f"{job}.dlq", "-o", "create", "-o", "write", "-o", "describe")
+        assert cli(secured, "acls", "grant", "--user", user, *dead_letters).code == 0
+        started = start_clean_job(as_spark_user, job, source, dest)
+        assert started.code == 0, started.err
+        cleaned = topic_values(secured, dest, at_least=len(views), timeout=180)
+        assert sorted(v["id"] for v in cleaned) == sorted(v["id"] for v in views)
+    finally:
+        stop_if_running(secured, job)
+
+
 def test_the_gateway_and_the_service_work_through_security(secured: Settings) -> None:
     with gateway_on(secured) as gw:
         answer = gw.post("dev-1", [reading(n) for n in range(5)])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import run_kappaflow
+from conftest import error_line, run_kappaflow
 from service import serve
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -20,14 +20,7 @@ from websockets.typing import Origin
 
 from kappaflow.api.auth import COOKIE, Role, TokenStore, tokens_path
 from kappaflow.api.server import check_bind
-from kappaflow.errors import (
-    ApiBindRefusedError,
-    DuplicateTokenError,
-    ForbiddenError,
-    TokenFileError,
-    UnauthorizedError,
-    UnknownTokenError,
-)
+from kappaflow.errors import ApiBindRefusedError, UnauthorizedError
 from kappaflow.settings import Settings
 
 
@@ -83,8 +76,7 @@ def test_the_admin_scope_manages_tokens_and_read_does_not(api: httpx.Client, own
     assert forbidden.status_code == 403 and forbidden.json()["code"] == "KF891"
     for method, path in (("GET", "/v1/tokens"), ("DELETE", "/v1/tokens/ops")):
         refused = api.request(method, path, headers=bearer(reader))
-        assert refused.status_code == 403, (method, path)
-    assert ForbiddenError.code == "KF891"
+        assert (refused.status_code, refused.json()["code"]) == (403, "KF891"), (method, path)
     made = api.post("/v1/tokens", json={"name": "ci", "scope": "read"}, headers=bearer(admin))
     assert made.status_code == 201, made.text
     new = made.json()["token"]
@@ -93,14 +85,12 @@ def test_the_admin_scope_manages_tokens_and_read_does_not(api: httpx.Client, own
     assert sorted(names) == ["ci", "ops", "viewer"]
     again = api.post("/v1/tokens", json={"name": "ci"}, headers=bearer(admin))
     assert again.status_code == 409 and again.json()["code"] == "KF893"
-    assert DuplicateTokenError.code == "KF893"
     revoked = api.delete("/v1/tokens/ci", headers=bearer(admin))
     assert revoked.status_code == 200
     # Revoked: refused at once.
     assert api.get("/v1/jobs", headers=bearer(new)).status_code == 401
     gone = api.delete("/v1/tokens/ci", headers=bearer(admin))
     assert gone.status_code == 404 and gone.json()["code"] == "KF892"
-    assert UnknownTokenError.code == "KF892"
     for name in ("a b", "ops\n"):
         bad = api.post("/v1/tokens", json={"name": name}, headers=bearer(admin))
         assert bad.status_code == 400 and bad.json()["code"] == "KF851"
@@ -186,5 +176,4 @@ def test_a_tokens_file_that_cannot_be_read_refuses_everyone(
     assert refused.status_code == 401 and "cannot be read" in refused.json()["error"]
     assert api.get("/v1/health").status_code == 200
     broken = run_kappaflow(own, "api", "token", "create", "b")
-    assert broken.code == 1 and broken.err.startswith("kappaflow: error[KF894]: ")
-    assert TokenFileError.code == "KF894"
+    assert "cannot be read" in error_line(broken, "KF894", 1)

@@ -13,29 +13,32 @@ import itertools
 import json
 import os
 import signal
+import socket
+import ssl
+import struct
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
-from confluent_kafka.admin import AdminClient, PartitionMetadata
+from confluent_kafka.admin import AdminClient, ConfigResource, PartitionMetadata, ResourceType
 from conftest import EXTERNAL_KAFKA, Result, error_line, make_settings, run_kappaflow
 from live_jobs import stop_if_running
+from wire import can_capture, captured
 
-from kappaflow.errors import InvalidSettingError
 from kappaflow.kafka.broker import EmbeddedBroker
-from kappaflow.kafka.clients import producer
+from kappaflow.kafka.clients import admin, producer
 from kappaflow.kafka.node import KafkaNode
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import create_topic, describe_topic
 from kappaflow.procs import ProcState, free_port, port_in_use
+from kappaflow.security import SecurityHome
 from kappaflow.serving.redis_server import EmbeddedRedis
-from kappaflow.settings import NODE_PORT_STEP, Settings, brokers_marker, load_settings
+from kappaflow.settings import NODE_PORT_STEP, Settings, brokers_marker
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 from test_counting import BASE, DEFINITION, changelog, expected, stats, store_counts, wait_stats
@@ -388,6 +391,42 @@ def test_a_killed_leader_loses_no_acknowledged_record_nor_a_count(with_redis: Se
         stop_if_running(cluster, job)
 
 
+def test_reading_a_partition_whose_only_replica_is_down_is_kf406(cluster: Settings) -> None:
+    """A topic of one replica whose node is stopped: its partition has no leader, so
+    looking up offsets by time, or the log's ends, fails; the cluster still answers."""
+    topic = f"r1-{uuid.uuid4().hex[:8]}"
+    created = run_kappaflow(cluster, "topics", "create", topic, "-p", "1", "-r", "1")
+    assert created.code == 0, created.err
+    sent = producer(cluster.kafka)
+    sent.produce(topic, value=b"kept")
+    assert sent.flush(30) == 0
+    broker = EmbeddedBroker(cluster)
+    replica = describe_topic(cluster.kafka, topic)["partitions"][0]["leader"]
+    assert broker.nodes[replica - 1].stop(timeout=60)
+    try:
+
+        def leaderless() -> bool | None:
+            parts = partitions_via(cluster, topic, others(broker, replica))
+            return True if parts is not None and parts[0].leader == -1 else None
+
+        wait_for(leaderless, timeout=60, interval=0.5, what=f"{topic} without a leader")
+        env = {"KAPPAFLOW_KAFKA__TIMEOUT_S": "5"}
+        by_time = run_kappaflow(cluster, "consume", topic, "--since", "1h", env=env)
+        line = error_line(by_time, "KF406", 1)
+        # librdkafka raises, or answers the partition with an error: either is said so.
+        assert f"cannot look up offsets by time in {topic!r}" in line
+        from_start = run_kappaflow(cluster, "consume", topic, "--from-beginning", env=env)
+        assert f"cannot read the ends of {topic!r} partition 0" in error_line(
+            from_start, "KF406", 1
+        )
+    finally:
+        restarted = run_kappaflow(cluster, "kafka", "start")
+        assert restarted.code == 0, restarted.err
+    read = run_kappaflow(cluster, "consume", topic, "--from-beginning")
+    assert read.code == 0, read.err
+    assert [json.loads(line)["value"] for line in read.lines()] == ["kept"]
+
+
 def test_a_cluster_fully_down_is_a_clear_error(cluster: Settings) -> None:
     stopped = run_kappaflow(cluster, "kafka", "stop")
     assert stopped.code == 0 and "kafka stopped" in stopped.err
@@ -405,40 +444,135 @@ def test_a_cluster_fully_down_is_a_clear_error(cluster: Settings) -> None:
     assert [s.state for s in broker.statuses()] == [ProcState.STOPPED] * 3
 
 
-def test_a_secure_cluster_replicates_over_sasl_ssl(tmp_path: Path) -> None:
-    """Security on with three nodes: clients and brokers speak SASL/SCRAM over TLS (the
-    brokers replicate as their own SCRAM user), the controllers TLS with certificates."""
-    settings = make_settings(tmp_path / "state", **spaced_ports(), brokers=NODES, secure=True)
+@pytest.fixture(scope="module")
+def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """Three nodes started with `kappaflow kafka start --brokers 3 --secure`."""
+    state_dir = tmp_path_factory.mktemp("secure-cluster-state")
+    settings = make_settings(state_dir, **spaced_ports(), brokers=NODES, secure=True)
     try:
         started = run_kappaflow(settings, "kafka", "start", "--brokers", "3", "--secure")
         assert started.code == 0, started.err
         assert f"on {settings.kafka.bootstrap} (SASL_SSL, SCRAM-SHA-512, ACLs)" in started.err
-        topic = f"rt-{uuid.uuid4().hex[:8]}"
-        create_topic(settings.kafka, topic, partitions=3)
-        with AckedProducer(settings, topic, numbered) as sent:
-            sent.wait_acked(RATE, "on the secure cluster")
-        wait_isr_full(settings, topic)
-        assert assert_delivered(settings, topic, sent)["lost"] == 0
-        assert settings.kafka.security_protocol == "SASL_SSL"
-        stopped = run_kappaflow(settings, "kafka", "stop")
-        assert stopped.code == 0 and "kafka stopped" in stopped.err
+        yield settings
     finally:
         EmbeddedBroker(settings).stop(timeout=10)
 
 
-def test_node_ports_that_clash_are_a_setting_error(tmp_path: Path) -> None:
-    clash = {"brokers": 3, "port": 9092, "controller_port": 9102}  # node 2's client port
-    with pytest.raises(InvalidSettingError, match="none twice") as found:
-        load_settings(state_dir=tmp_path, kafka=clash)
-    assert found.value.code == "KF101"
-    with pytest.raises(InvalidSettingError, match="at most 65535"):
-        load_settings(state_dir=tmp_path, kafka={"brokers": 3, "port": 65530})
-    with pytest.raises(InvalidSettingError, match=r"kafka\.brokers is for the embedded"):
-        load_settings(state_dir=tmp_path, kafka={"brokers": 3, "bootstrap_servers": "k:9092"})
-    three = load_settings(state_dir=tmp_path, kafka={"brokers": 3}).kafka
-    assert three.bootstrap == "127.0.0.1:9092,127.0.0.1:9102,127.0.0.1:9112"
-    # Unset, the number is the one the state directory's storage was made with.
-    brokers_marker(tmp_path).parent.mkdir(parents=True)
-    brokers_marker(tmp_path).write_text("3\n")
-    assert load_settings(state_dir=tmp_path).kafka.nodes == 3
-    assert load_settings(state_dir=tmp_path, kafka={"brokers": 1}).kafka.bootstrap.count(",") == 0
+def broker_configs(settings: Settings, node: int) -> dict[str, str | None]:
+    """The configuration node ``node`` runs with, as it answers DescribeConfigs."""
+    client = admin(settings.kafka)
+    resource = ConfigResource(ResourceType.BROKER, str(node))
+    entries = client.describe_configs([resource])[resource].result(timeout=30)
+    return {name: entry.value for name, entry in entries.items()}
+
+
+#: Kafka's ApiVersions request, version 0, correlation id 7, no client id: any listener
+#: answers it before authentication.
+API_VERSIONS = struct.pack(">ihhih", 10, 18, 0, 7, -1)
+
+
+def first_bytes(sock: socket.socket) -> bytes:
+    """Up to 8 bytes ``sock``'s other end sends back to API_VERSIONS: b"" when it hung up
+    or (over TLS) refused the connection instead."""
+    reply = b""
+    try:
+        sock.sendall(API_VERSIONS)
+        while len(reply) < 8 and (chunk := sock.recv(8 - len(reply))):
+            reply += chunk
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        return b""
+    return reply
+
+
+def controller_reply(node: KafkaNode, context: ssl.SSLContext | None) -> bytes:
+    """What the controller listener of ``node`` sends back to API_VERSIONS over TLS made
+    with ``context``, or over plain TCP without one."""
+    host, port = node.controller_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        if context is None:
+            return first_bytes(raw)
+        try:
+            tls = context.wrap_socket(raw, server_hostname=host)
+        except (ssl.SSLError, ConnectionResetError):
+            return b""
+        with tls:
+            return first_bytes(tls)
+
+
+def test_secure_nodes_replicate_over_sasl_ssl_and_reach_controllers_over_tls(
+    secure_cluster: Settings,
+) -> None:
+    """Each node, as it answers DescribeConfigs: the brokers talk to each other on the
+    SASL_SSL listener with SCRAM-SHA-512, the controllers' listener is SSL. And the
+    controller port does what that says: it answers only a TLS client that shows a
+    certificate of the authority's."""
+    settings = secure_cluster
+    home = SecurityHome(settings.state_dir)
+    with_cert = ssl.create_default_context(cafile=home.ca_cert)
+    with_cert.load_cert_chain(home.broker_pem)
+    without_cert = ssl.create_default_context(cafile=home.ca_cert)
+    correlation = struct.pack(">i", 7)
+    for node in EmbeddedBroker(settings).nodes:
+        configs = broker_configs(settings, node.index)
+        assert configs["inter.broker.listener.name"] == "SASL_SSL", node.index
+        assert configs["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+        assert configs["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+        assert configs["controller.listener.names"] == "CONTROLLER"
+        protocols = dict(
+            pair.split(":") for pair in (configs["listener.security.protocol.map"] or "").split(",")
+        )
+        assert protocols == {"CONTROLLER": "SSL", "SASL_SSL": "SASL_SSL"}
+        assert configs["listeners"] == (
+            f"SASL_SSL://{node.address},CONTROLLER://{node.controller_address}"
+        )
+        # A Kafka answer: its size, then the request's correlation id.
+        assert controller_reply(node, with_cert)[4:] == correlation, node.index
+        assert controller_reply(node, without_cert) == b"", node.index
+        # In plain TCP, a TLS alert record (content type 21, version 3.x) and no answer.
+        assert controller_reply(node, None)[:2] == b"\x15\x03", node.index
+
+
+def test_a_killed_leader_of_the_secure_cluster_loses_no_acknowledged_record(
+    secure_cluster: Settings,
+) -> None:
+    """The hard bounce on the secure cluster: the new leader is elected, the followers
+    catch up after the restart, all over SCRAM and TLS, and every acknowledged record is
+    in the log once, where it was acknowledged."""
+    settings = secure_cluster
+    topic = f"rt-{uuid.uuid4().hex[:8]}"
+    create_topic(settings.kafka, topic, partitions=3)
+    with AckedProducer(settings, topic, numbered) as sent:
+        sent.wait_acked(RATE, "before the kill")
+        figures = kill_leader(settings, topic, 0)
+        # Two nodes left are min.insync.replicas: acks=all writes go on.
+        sent.wait_acked(RATE, "with the leader dead")
+        restarted = run_kappaflow(settings, "kafka", "start")
+        assert restarted.code == 0, restarted.err
+        assert f"kafka node {int(figures['killed_node'])} started on" in restarted.err
+        figures["isr_full_s"] = wait_isr_full(settings, topic)
+        sent.wait_acked(RATE, "after the restart")
+    figures["longest_silence_s"] = sent.longest_silence()
+    figures.update(assert_delivered(settings, topic, sent))
+    print(f"\nsecure leader killed: {json.dumps({k: round(v, 2) for k, v in figures.items()})}")
+
+
+@pytest.mark.skipif(not can_capture(), reason="capturing loopback traffic needs root")
+def test_no_record_value_crosses_between_secure_nodes_in_clear(secure_cluster: Settings) -> None:
+    """The leader's port carries the producer's writes and the followers' fetches: with
+    acks=all a record is acknowledged only once both followers have fetched it, so the
+    capture holds its replication too, and shows it nowhere."""
+    settings = secure_cluster
+    topic = f"wire-{uuid.uuid4().hex[:8]}"
+    create_topic(settings.kafka, topic, partitions=1)
+    marker = f"wire-marker-{uuid.uuid4().hex}".encode()
+    leader = describe_topic(settings.kafka, topic)["partitions"][0]["leader"]
+    client = producer(settings.kafka, acks="all")
+    outcome: list[KafkaError | None] = []
+    with captured(settings.kafka.node_ports(leader)[0]) as wire:
+        client.produce(topic, value=marker, on_delivery=lambda err, _m: outcome.append(err))
+        assert client.flush(30) == 0
+    assert outcome == [None]
+    parts = describe_topic(settings.kafka, topic)["partitions"]
+    assert len(parts[0]["isr"]) == NODES, parts
+    assert len(wire.payload) > 1000, "nothing was captured"
+    assert marker not in wire.payload

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kappaflow.errors import ConfigError
-from kappaflow.settings import SettingsOverrides, load_settings
+from kappaflow.errors import ConfigError, InvalidSettingError
+from kappaflow.settings import SettingsOverrides, brokers_marker, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -156,3 +156,21 @@ def test_a_job_record_of_0_1_0_still_reads(tmp_path: Path) -> None:
     assert SettingsOverrides.from_json(old) == SettingsOverrides(
         state_dir=tmp_path, bootstrap_servers="k:9092", spark_master="local[2]"
     )
+
+
+def test_node_ports_that_clash_are_a_setting_error(tmp_path: Path) -> None:
+    clash = {"brokers": 3, "port": 9092, "controller_port": 9102}  # node 2's client port
+    with pytest.raises(InvalidSettingError, match="none twice") as found:
+        load_settings(state_dir=tmp_path, kafka=clash)
+    assert found.value.code == "KF101"
+    with pytest.raises(InvalidSettingError, match="at most 65535"):
+        load_settings(state_dir=tmp_path, kafka={"brokers": 3, "port": 65530})
+    with pytest.raises(InvalidSettingError, match=r"kafka\.brokers is for the embedded"):
+        load_settings(state_dir=tmp_path, kafka={"brokers": 3, "bootstrap_servers": "k:9092"})
+    three = load_settings(state_dir=tmp_path, kafka={"brokers": 3}).kafka
+    assert three.bootstrap == "127.0.0.1:9092,127.0.0.1:9102,127.0.0.1:9112"
+    # Unset, the number is the one the state directory's storage was made with.
+    brokers_marker(tmp_path).parent.mkdir(parents=True)
+    brokers_marker(tmp_path).write_text("3\n")
+    assert load_settings(state_dir=tmp_path).kafka.nodes == 3
+    assert load_settings(state_dir=tmp_path, kafka={"brokers": 1}).kafka.bootstrap.count(",") == 0

@@ -18,6 +18,7 @@ from confluent_kafka import (
     OFFSET_END,
     TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
+    KafkaException,
     Message,
     TopicPartition,
 )
@@ -173,7 +174,13 @@ def read_records(
         active = {tp.partition for tp in assignment}
         if not follow:
             for tp in assignment:
-                low, high = reader.get_watermark_offsets(tp, timeout=kafka.timeout_s)
+                try:
+                    low, high = reader.get_watermark_offsets(tp, timeout=kafka.timeout_s)
+                except KafkaException as exc:  # e.g. a partition without a leader
+                    raise ConsumeError(
+                        f"cannot read the ends of {topic!r} partition {tp.partition}: "
+                        f"{describe(exc)}"
+                    ) from None
                 ends[tp.partition] = high
                 first = low if tp.offset == OFFSET_BEGINNING else tp.offset
                 if tp.offset == OFFSET_END or first >= high:
@@ -225,6 +232,13 @@ def _start_offsets(
             raise ConsumeError(
                 f"cannot look up offsets by time in {topic!r}: {describe(exc)}"
             ) from None
+        # A partition without a leader answers with an error of its own, not an exception.
+        for tp in found:
+            if tp.error is not None:
+                raise ConsumeError(
+                    f"cannot look up offsets by time in {topic!r} partition {tp.partition}: "
+                    f"{tp.error.str()}"
+                )
         # -1 means no record at or after that time: such a partition starts at its end.
         return [
             TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)

@@ -150,9 +150,7 @@ def test_judge_counts_incidents_alarms_and_delays() -> None:
     assert _early_credit(30, first) == pytest.approx(0.0)
     # Found late, one false alarm (0.11), one incident missed (-1); best: both at once.
     assert verdict.nab == pytest.approx(math.tanh(1.75) - 0.11 - 1.0)
-    assert verdict.nab_best == pytest.approx(
-        _early_credit(20, first) + _early_credit(60, second)
-    )
+    assert verdict.nab_best == pytest.approx(_early_credit(20, first) + _early_credit(60, second))
     assert verdict.nab_best == pytest.approx(2 * math.tanh(2.5))
     assert verdict.nab_null == -2.0
     expected = 100 * (math.tanh(1.75) - 0.11 - 1.0 + 2.0) / (2 * math.tanh(2.5) + 2.0)
@@ -174,8 +172,7 @@ def test_evaluate_writes_each_series_scores_at_its_path_in_its_order(
     values = _daily(400)
     values[300] += 12.0  # a spike of 12 noise deviations
     hourly = [
-        (f"2014-04-{1 + h // 24:02d} {h % 24:02d}:00:00", f"{v:g}")
-        for h, v in enumerate(values)
+        (f"2014-04-{1 + h // 24:02d} {h % 24:02d}:00:00", f"{v:g}") for h, v in enumerate(values)
     ]
     seconds = [
         (f"2019-07-01 00:{s // 60:02d}:{s % 60:02d}", str(v))

@@ -198,8 +198,9 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
     topics = {out: f"{out}-{uuid.uuid4().hex[:8]}" for out in ("enriched", "paid")}
     producer = Producer(kafka.kafka.client_config())
 
-    def put(topic: str, key: str, value: dict[str, Any]) -> None:
-        producer.produce(topic, key=key.encode(), value=json.dumps(value).encode())
+    def put(topic: str, key: str, value: dict[str, Any] | None) -> None:
+        data = None if value is None else json.dumps(value).encode()
+        producer.produce(topic, key=key.encode(), value=data)
         assert producer.flush(30) == 0
 
     def wait_records(topic: str, n: int) -> list[dict[str, Any]]:
@@ -230,12 +231,16 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
         wait_records(topics["enriched"], 2)
         put(orders, "tea", {"order_id": "o3", "sku": "tea", "at": "2026-11-23T10:01:00Z"})
         put(payments, "o3", {"order_id": "o3", "paid": 6.0, "at": "2026-11-23T10:01:10Z"})
-        enriched = wait_records(topics["enriched"], 3)
+        wait_records(topics["enriched"], 3)
+        # A tombstone deletes the row: an order sent after it finds no category.
+        put(products, "tea", None)
+        put(orders, "tea", {"order_id": "o4", "sku": "tea", "at": "2026-11-23T10:01:20Z"})
+        enriched = wait_records(topics["enriched"], 4)
         paid = wait_records(topics["paid"], 2)
         # An hour behind both streams: Spark's join drops it; kappaflow reports it late.
         put(payments, "o0", {"order_id": "o0", "paid": 1.0, "at": "2026-11-23T09:00:00Z"})
         [late] = wait_records(f"{name}.late", 1)
-        # The join's status counts the records of both its streams: 3 orders, 4 payments
+        # The join's status counts the records of both its streams: 4 orders, 4 payments
         # (once the output's status has recorded the batch that read the late payment).
         joined = wait_for(
             lambda: (lambda o: o if o.get("late", 0) >= 1 else None)(
@@ -247,11 +252,13 @@ def test_joins_on_the_broker_see_the_table_as_it_is(
     finally:
         for query in queries:
             query.stop()
-    assert joined["events_read"] == 3 + 4
-    assert [(r["order_id"], r["category"]) for r in enriched] == [
+    assert joined["events_read"] == 4 + 4
+    # A null column is left out of the record.
+    assert [(r["order_id"], r.get("category")) for r in enriched] == [
         ("o1", "drinks"),
         ("o2", "herbal"),
         ("o3", "herbal"),
+        ("o4", None),
     ]
     assert sorted(paid, key=lambda r: r["order_id"]) == [
         {"order_id": "o1", "paid": 4.0},

@@ -207,6 +207,29 @@ def test_the_cleaning_job_on_the_broker(
         clean, letters = wait_for(
             all_judged, timeout=180, interval=1.0, what="every reading cleaned or refused"
         )
+        # A device removed by a tombstone on the registry: its next reading is unknown.
+        removal = producer(serving.kafka, acks="all")
+        removal.produce(registry, None, b"dev-000005")
+        assert removal.flush(30) == 0
+        now = datetime.now(UTC).isoformat()
+        removed = reading("dev-000005", now)
+        kept = reading("dev-000004", now)
+        client.produce(raw, json.dumps(removed).encode(), b"dev-000005")
+        client.produce(raw, json.dumps(kept).encode(), b"dev-000004")
+        assert client.flush(30) == 0
+
+        def judged_after() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+            values, found = topic_values(serving, dest), topic_values(serving, f"{name}.dlq")
+            passed = [v for v in values if v["id"] in (removed["id"], kept["id"])]
+            refused = [
+                d for d in found if removed["id"] in base64.b64decode(d["value_base64"]).decode()
+            ]
+            judged = len(passed) + len(refused)
+            return (passed, refused) if judged >= 2 else None
+
+        passed_after, refused_after = wait_for(
+            judged_after, timeout=180, interval=1.0, what="the readings after the removal"
+        )
     finally:
         for query in queries:
             query.stop()
@@ -222,3 +245,8 @@ def test_the_cleaning_job_on_the_broker(
         ),
         ("unknown device 'dev-unknown'", strangers[0][0]),
     ]
+    # After its removal, the device's reading is refused; another device's passes.
+    assert [(v["device"], v["id"]) for v in passed_after] == [("dev-000004", kept["id"])]
+    assert [
+        (d["error"], json.loads(base64.b64decode(d["value_base64"]))) for d in refused_after
+    ] == [("unknown device 'dev-000005'", removed)]

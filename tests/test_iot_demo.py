@@ -12,7 +12,7 @@ from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow import services
 from kappaflow.api.server import EmbeddedApi
-from kappaflow.demos.iot import JOB, MODELS, SCORER
+from kappaflow.demos.iot import ALERTS, JOB, MODELS, SCORER
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.records import StartAt, read_records
@@ -71,6 +71,17 @@ def test_the_demo_streams_learns_and_stops_what_it_started(own: Settings) -> Non
     # The panel was drawn, with its figures.
     assert "devices online" in result.err and "latest model version" in result.err
     assert f"dashboard on {own.api.url}/" in result.err
+    # The demo injects anomalies on purpose: the alerting part raised alerts for them,
+    # and what the panel showed open last is among the keys raised.
+    alerts = [
+        json.loads(r.value() or b"{}")
+        for r in read_records(own.kafka, ALERTS, start=StartAt(beginning=True))
+    ]
+    raised = {(a["device"], a["metric"]) for a in alerts if a["status"] == "raised"}
+    assert raised, summary
+    assert {a["status"] for a in alerts} <= {"raised", "resolved"}
+    assert {a["rule"] for a in alerts} <= {"anomaly", "rate", "no_data"}
+    assert summary["open_alerts"] <= len(raised), summary
     # Models were published to the demo's compacted topic while it ran.
     assert any(True for _ in read_records(own.kafka, MODELS, start=StartAt(beginning=True)))
     # Everything the demo started is stopped; what ran before runs on.

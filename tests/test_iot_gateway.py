@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from confluent_kafka import Producer
 from conftest import EXTERNAL_KAFKA, RunCli, error_line, make_settings
 from live_jobs import topic_values
 
@@ -36,6 +37,7 @@ class Running:
     gateway: Gateway
     config: GatewayConfig
     tokens: dict[str, str]
+    registry_topic: str
 
     def post(
         self, device: str, body: Any, *, token: str | None = None, kind: str = "readings"
@@ -73,7 +75,7 @@ def gateway_on(settings: Settings, **limits: Any) -> Iterator[Running]:
     thread.start()
     wait_for(lambda: server.started or None, timeout=60, what="the gateway to listen")
     try:
-        yield Running(f"http://127.0.0.1:{port}", gateway, config, tokens)
+        yield Running(f"http://127.0.0.1:{port}", gateway, config, tokens, registry_topic)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -176,6 +178,30 @@ def test_refusals_are_json_errors_and_dead_letters(kafka: Settings) -> None:
     assert dead[3]["error"].startswith("not JSON")
     assert dead[3]["value"] == b"\x00not json{"
     assert json.loads(dead[2]["value"]) == reading(1)
+
+
+def test_a_device_removed_from_the_registry_is_unknown_from_then_on(kafka: Settings) -> None:
+    with gateway_on(kafka) as gw:
+        before = gw.post("dev-2", reading(1, device="dev-2"))
+        assert before.json() == {"accepted": 1, "rejected": []}
+        # A tombstone on the registry topic removes the device, as the gateway follows it.
+        removal = Producer(kafka.kafka.client_config())
+        removal.produce(gw.registry_topic, key=b"dev-2", value=None)
+        assert removal.flush(30) == 0
+        wait_for(
+            lambda: True if httpx.get(f"{gw.url}/v1/health").json()["devices"] == 1 else None,
+            timeout=60,
+            what="the gateway to read the removal",
+        )
+        after = gw.post("dev-2", reading(2, device="dev-2"))
+        still = gw.post("dev-1", reading(3))
+        values = topic_values(kafka, gw.config.readings_topic)
+        dead = letters(kafka, gw.config.dlq_topic)
+    assert (after.status_code, after.json()["code"]) == (404, "KF803")
+    assert still.json() == {"accepted": 1, "rejected": []}
+    assert sorted((v["device"], v["id"]) for v in values) == [("dev-1", "r3"), ("dev-2", "r1")]
+    assert [(d["device"], d["error"]) for d in dead] == [("dev-2", "unknown device")]
+    assert json.loads(dead[0]["value"]) == reading(2, device="dev-2")
 
 
 def test_overload_is_refused_with_429_and_nothing_taken_is_lost(kafka: Settings) -> None:

@@ -13,7 +13,7 @@ import pytest
 from conftest import RunCli, run_kappaflow
 
 from kappaflow.errors import JobError
-from kappaflow.iot.evaluation import incidents, judge, replay
+from kappaflow.iot.evaluation import Incident, _early_credit, incidents, judge, replay
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
 from kappaflow.iot.replay import Running
 from kappaflow.iot.score import _stored
@@ -45,8 +45,9 @@ def test_a_spike_and_a_level_shift_score_high_and_the_rest_low() -> None:
         labels[row] = True
     verdict = judge(scores, labels)
     assert verdict.found == 2
-    # Beyond the two incidents, noise alone raises almost nothing.
-    assert verdict.false_alarms <= 3, verdict.to_json()
+    # Beyond the two incidents, noise alone raises nothing: the series is seeded, and
+    # the level shift's alarms (four runs in all) are all in its window.
+    assert (verdict.alarms, verdict.false_alarms) == (4, 0), verdict.to_json()
 
 
 def test_the_score_follows_the_tail_the_series_has_not_a_normal_one() -> None:
@@ -141,7 +142,20 @@ def test_judge_counts_incidents_alarms_and_delays() -> None:
     assert (verdict.quiet_rows, verdict.false_rows) == (85, 1)
     assert verdict.delays == [3]
     assert verdict.recall == 0.5 and verdict.precision == 0.5
-    assert 0.0 < verdict.nab_score < 50.0
+    # The early-detection credit: a scaled sigmoid, tanh(2.5) at a window's start and
+    # tanh(1.75) three rows (0.3 of the window) later.
+    first, second = Incident(20, 30), Incident(60, 65)
+    assert _early_credit(20, first) == pytest.approx(math.tanh(2.5))
+    assert _early_credit(23, first) == pytest.approx(math.tanh(1.75))
+    assert _early_credit(30, first) == pytest.approx(0.0)
+    # Found late, one false alarm (0.11), one incident missed (-1); best: both at once.
+    assert verdict.nab == pytest.approx(math.tanh(1.75) - 0.11 - 1.0)
+    assert verdict.nab_best == pytest.approx(_early_credit(20, first) + _early_credit(60, second))
+    assert verdict.nab_best == pytest.approx(2 * math.tanh(2.5))
+    assert verdict.nab_null == -2.0
+    expected = 100 * (math.tanh(1.75) - 0.11 - 1.0 + 2.0) / (2 * math.tanh(2.5) + 2.0)
+    assert verdict.nab_score == pytest.approx(expected)
+    assert verdict.nab_score == pytest.approx(46.09, abs=0.01)
 
 
 def _write(path: Path, rows: list[tuple[str, str]]) -> None:
@@ -155,9 +169,10 @@ def _write(path: Path, rows: list[tuple[str, str]]) -> None:
 def test_evaluate_writes_each_series_scores_at_its_path_in_its_order(
     cli: RunCli, tmp_path: Path
 ) -> None:
+    values = _daily(400)
+    values[300] += 12.0  # a spike of 12 noise deviations
     hourly = [
-        (f"2014-04-{1 + h // 24:02d} {h % 24:02d}:00:00", f"{v:g}")
-        for h, v in enumerate(_daily(400))
+        (f"2014-04-{1 + h // 24:02d} {h % 24:02d}:00:00", f"{v:g}") for h, v in enumerate(values)
     ]
     seconds = [
         (f"2019-07-01 00:{s // 60:02d}:{s % 60:02d}", str(v))
@@ -179,6 +194,14 @@ def test_evaluate_writes_each_series_scores_at_its_path_in_its_order(
         assert lines[0] == ["timestamp", "value", "anomaly_score"]
         assert [(t, v) for t, v, _ in lines[1:]] == rows
         assert all(0.0 <= float(s) <= 1.0 for _, _, s in lines[1:])
+    # The spike is found; the quiet rows around it, and the series without one, are not.
+    with (tmp_path / "out" / "servers" / "cpu.csv").open() as scored:
+        cpu = [float(s) for _, _, s in list(csv.reader(scored))[1:]]
+    with (tmp_path / "out" / "traffic.csv").open() as scored:
+        traffic = [float(s) for _, _, s in list(csv.reader(scored))[1:]]
+    assert cpu[300] >= ALERT_SCORE
+    assert max(cpu[:300] + cpu[301:]) < ALERT_SCORE
+    assert max(traffic) < ALERT_SCORE
 
 
 def test_evaluate_refuses_a_file_without_the_header_in_one_line(

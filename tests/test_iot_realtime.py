@@ -5,6 +5,7 @@ update, bad records and a restart."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import uuid
 from collections import defaultdict
@@ -109,6 +110,7 @@ def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_aft
     all_scored("after the update")
     before = scored_by_id()
     assert all(len(s) == 1 for s in before.values()), "a reading was scored twice"
+    scored_before_restart = len(before)
 
     # A restart: the job scores on from its checkpoint (again what its last real-time
     # batch had read, with the same scores: at least once).
@@ -158,6 +160,9 @@ def test_each_reading_is_scored_as_it_arrives_with_the_newest_parameters_and_aft
                 assert abs(score["score"] - expected) < 1e-9, (score, expected)
                 assert score["model"] == (chosen["model"] if chosen else None)
     print(f"{replayed} readings scored again after the restart")
+    # Again at most what the first run had scored: from its last checkpoint on, no more.
+    assert 0 <= replayed <= scored_before_restart
+    assert len(records) == len(sent) + replayed
     # At least once: the restart wrote again the dead letters of what it read again.
     letters = topic_values(kafka, f"{job}.dlq")
     places = {(d["source_topic"], d["source_partition"], d["source_offset"]): d for d in letters}
@@ -277,3 +282,70 @@ def test_raw_readings_are_checked_normalised_and_scored_once(cli: RunCli, kafka:
     assert cli("jobs", "remove", job).code == 0
     left = {t["name"] for t in list_topics(kafka.kafka)}
     assert f"{job}.dlq" not in left and {raw, models, scores} <= left
+
+
+def test_a_removed_device_is_passed_over_once_the_scorer_has_read_its_removal(
+    cli: RunCli, kafka: Settings
+) -> None:
+    """The registry and the readings are read side by side, so a tombstone reaches the
+    scorer at no fixed point among the readings; once it has, the device's readings are
+    passed over. One partition of readings, so one state partition: a reading of the
+    device, then a marker of d1 after it, reach the state in that order, and the marker's
+    score shows that the device's reading was judged."""
+    job = f"rt-{uuid.uuid4().hex[:8]}"
+    raw, models, scores = f"{job}-raw", f"{job}-models", f"{job}-scores"
+    registry = f"{job}-registry"
+    create_topic(kafka.kafka, raw, partitions=1)
+    create_topic(kafka.kafka, models, partitions=1)
+    register(kafka.kafka, {FORECAST[0]: "t1", "gone": "t2"}, topic=registry)
+    topics: tuple[str, ...] = ("-P", f"source={raw}", "-P", f"models={models}")
+    topics += ("-P", f"dest={scores}", "-P", f"registry={registry}", "-P", "readings=raw")
+    started = cli("jobs", "start", job, "--app", "kappaflow.iot.realtime:PIPELINE", *topics)
+    assert started.code == 0, started.err
+    values = itertools.cycle(noise(400, 6))
+    count = {"gone": 0, FORECAST[0]: 0}
+
+    def reading(device: str) -> dict[str, Any]:
+        [one] = readings(device, FORECAST[1], [next(values)], first=count[device])
+        count[device] += 1
+        return one
+
+    def scored() -> set[str]:
+        return {s["id"] for s in topic_values(kafka, scores)}
+
+    def send_then_mark(*sent: dict[str, Any]) -> None:
+        """``sent``, then a reading of d1, which is waited for."""
+        marker = reading(FORECAST[0])
+        send_json(kafka, raw, [*sent, marker], key="device")
+        wait_for(lambda: marker["id"] in scored() or None, timeout=120, what=f"{marker['id']}")
+
+    try:
+        registered = reading("gone")
+        send_then_mark(registered)
+        wait_for(lambda: registered["id"] in scored() or None, timeout=120, what="gone scored")
+        removal = Producer(kafka.kafka.client_config())
+        removal.produce(registry, key=b"gone", value=None)
+        assert removal.flush(30) == 0
+        # Until the scorer has read the removal, the device's readings are scored; the
+        # first one passed over shows that it has. Judged one marker later.
+        probes: list[dict[str, Any]] = []
+
+        def removal_read() -> bool | None:
+            probes.append(reading("gone"))
+            send_then_mark(probes[-1])
+            earlier = probes[:-1]
+            return True if earlier and earlier[-1]["id"] not in scored() else None
+
+        wait_for(removal_read, timeout=240, what="the scorer to read the removal")
+        first_passed = probes[-2]
+        after = [reading("gone") for _ in range(5)]
+        send_then_mark(*after)
+        send_then_mark()
+        found = scored()
+    finally:
+        assert cli("jobs", "stop", job).code == 0
+    gone = [r["id"] for r in [registered, *probes, *after]]
+    passed = gone.index(first_passed["id"])
+    # Scored up to the removal, in order; from then on, none.
+    assert [i for i in gone if i in found] == gone[:passed], (gone, found)
+    assert passed >= 1

@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import RunCli
 from live_jobs import topic_values
@@ -102,23 +103,99 @@ def test_values_stay_in_range_and_follow_the_units_of_each_firmware() -> None:
 def test_each_labelled_anomaly_is_in_the_readings() -> None:
     config = replace(QUIET, devices=10, rate=10.0, anomalies_per_day=40.0, skewed_share=0.5)
     sent, labels, tally = simulate(config, 3.0)
-    by_series: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
-    for value in readings(sent):
-        by_series[(value["device"], value["metric"])].append((epoch(value["time"]), value["value"]))
+    # The same fleet without anomalies: the same seed sends the same readings, so a
+    # reading's deviation is what the anomaly added.
+    calm, no_labels, _ = simulate(replace(config, anomalies_per_day=0.0), 3.0)
+    assert no_labels == []
+    metric_of = {m.name: m for m in METRICS}
+
+    def series(
+        found: list[tuple[str, dict[str, Any]]],
+    ) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
+        """(device, metric) → seq → (time, value in the canonical unit)."""
+        out: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
+        for v in readings(found):
+            canonical = to_canonical(v["unit"], v["value"])
+            out[(v["device"], v["metric"])][v["seq"]] = (epoch(v["time"]), canonical)
+        return out
+
+    anomalous, normal = series(sent), series(calm)
     kinds = Counter(label.kind for label in labels)
     assert set(kinds) == {"spike", "level_shift", "drift", "stuck", "variance", "dropout"}
     assert tally.anomalies == len(labels)
+    windows: dict[tuple[str, str], list[Label]] = defaultdict(list)
+    measured: Counter[str] = Counter()
     for label in labels:
         assert label.metric is not None and label.cls == "anomaly"
-        during = [
-            v for t, v in by_series[(label.device, label.metric)] if label.start <= t < label.end
+        cell = (label.device, label.metric)
+        windows[cell].append(label)
+        metric = metric_of[label.metric]
+        during = sorted(
+            (seq, value)
+            for seq, (t, value) in anomalous[cell].items()
+            if label.start <= t < label.end
+        )
+        values = [value for _, value in during]
+        # What the anomaly added to each reading it touched; a reading clipped at its
+        # sensor's range is left out (its deviation is cut there). Values are rounded
+        # to 3 decimals as reported (a ratio: 0.05 percentage points).
+        tolerance = 0.06
+        added = [
+            value - normal[cell][seq][1]
+            for seq, value in during
+            if metric.low + tolerance < value < metric.high - tolerance
         ]
         if label.kind == "dropout":
             assert during == [], f"a dropout sent readings: {label}"
-        elif label.kind == "stuck" and during:
-            assert len(set(during)) == 1, f"a stuck sensor moved: {label}"
+            assert any(label.start <= t < label.end for t, _ in normal[cell].values())
+        elif label.kind == "stuck":
+            assert len(set(values)) <= 1, f"a stuck sensor moved: {label}"
         elif label.kind == "spike":
             assert 1 <= len(during) <= 3, label
+            # Four to eight of the metric's scales, at least 16 of its noise deviations.
+            measured[label.kind] += bool(added)
+            for deviation in added:
+                assert 4 * metric.scale - tolerance <= abs(deviation), (label, added)
+                assert abs(deviation) <= 8 * metric.scale + tolerance, (label, added)
+        elif len(added) < 5:
+            # Cut at the sensor's range (a utilisation near 0 shifted down, say).
+            assert len(during) - len(added) > len(added), (label, values)
+        elif label.kind == "level_shift":
+            # One step, held: the same amount, 2.5 to 5 scales, on every reading.
+            measured[label.kind] += 1
+            assert max(added) - min(added) <= 2 * tolerance, (label, added)
+            assert 2.5 * metric.scale - tolerance <= abs(added[0]), (label, added)
+            assert abs(added[0]) <= 5 * metric.scale + tolerance, (label, added)
+        elif label.kind == "drift":
+            # Away from the level, one way, further each reading.
+            assert all(d >= -tolerance for d in added) or all(d <= tolerance for d in added)
+            away = [abs(d) for d in added]
+            assert all(b >= a - tolerance for a, b in itertools.pairwise(away)), (label, away)
+            # Linearly: in proportion to the share of the drift's time gone by, towards
+            # 3 to 6 scales at its end (which a run may not reach).
+            span = label.end - label.start
+            sizes = [
+                abs(value - normal[cell][seq][1]) * span / (t - label.start)
+                for seq, (t, value) in anomalous[cell].items()
+                if label.start + span / 10 <= t < label.end
+                and metric.low + tolerance < value < metric.high - tolerance
+            ]
+            if sizes:
+                measured[label.kind] += 1
+                assert max(sizes) - min(sizes) <= 0.1 * metric.scale, (label, sizes)
+                assert 3 * metric.scale * 0.98 <= sizes[0] <= 6 * metric.scale * 1.02, label
+        elif label.kind == "variance":
+            measured[label.kind] += 1
+            quiet = [normal[cell][seq][1] for seq, _ in during]
+            assert float(np.std(values)) > 2 * float(np.std(quiet)), label
+    # Each kind measured on several anomalies that the range did not cut.
+    assert all(measured[kind] >= 3 for kind in ("spike", "level_shift", "drift", "variance"))
+    # Outside every window, the readings are those of the fleet without anomalies.
+    for cell, cells_labels in windows.items():
+        for seq, (t, value) in anomalous[cell].items():
+            if not any(label.start <= t < label.end for label in cells_labels):
+                assert value == normal[cell][seq][1], (cell, seq)
+    assert anomalous.keys() == normal.keys()
 
 
 def test_devices_skew_their_clocks_send_late_and_twice_and_go_silent() -> None:
@@ -196,6 +273,11 @@ def test_simulate_sends_to_the_broker(cli: RunCli, kafka: Settings, tmp_path: An
     assert result.code == 0, result.err
     summary = json.loads(result.out)
     values = topic_values(kafka, readings_topic)
-    assert len(values) == summary["readings"] + summary["duplicates"] > 2_500
+    assert len(values) == summary["readings"] + summary["duplicates"]
+    # 5 devices' 6 metrics every 3 s for 5 minutes, less what silences (a device quiet for
+    # 5 to 30 minutes) and dropouts took.
+    assert summary["readings"] <= 3_000
+    assert summary["readings"] > 2_700 or summary["silences"] > 0, summary
+    assert summary["readings"] > 1_000, summary
     events = topic_values(kafka, events_topic)
     assert len(events) == summary["heartbeats"] + summary["events"] > 0

@@ -138,7 +138,11 @@ class Simulation:
         n = config.devices
         self.rng = np.random.default_rng(config.seed)
         self.fleet = Fleet(n, self.rng)
-        self.anomalies = Anomalies(n, config.anomalies_per_day, self.rng)
+        # The anomalies draw from a generator of their own: the same seed without
+        # anomalies sends the same readings, so each anomaly's deviation can be measured.
+        self.anomalies = Anomalies(
+            n, config.anomalies_per_day, np.random.default_rng((config.seed, 1))
+        )
         self.names = device_names(n)
         self.keys = [name.encode() for name in self.names]
         skewed = self.rng.random(n) < config.skewed_share

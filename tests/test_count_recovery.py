@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import list_topics, topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.checkpoint import committed, offsets_consumed
+from kappaflow.streams.output.writer import STEPS
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 from test_counting import (
@@ -313,4 +314,61 @@ def test_a_removed_job_starts_over(
             latest[window] = change
     assert {k: c["count"] for k, c in latest.items()} == {
         (key, iso(from_epoch_ms(start))): n for (key, start), n in expected(values).items()
+    }
+
+
+def test_a_duplicate_of_the_first_batch_counts_once_through_its_crashes(
+    cli: RunCli,
+    serving: Settings,
+    new_topic: Callable[..., str],
+    job_name: str,  # noqa: F811 (pytest passes the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """The first batch crashes at each step of its writes in turn (every restart runs it
+    again and crashes at the next step); what is sent after its first crash is the next
+    batch: a copy of each of its events, beside an event without an id in the same page
+    and window, and new events. Each copy is a duplicate, each event without an id
+    counts."""
+    source = new_topic(partitions=2)
+    first = events(10)
+    send(serving, source, first)
+    record = tmp_path / "crash.json"
+    jobs = JobManager(serving)
+    query = serving.checkpoint_root / job_name / OUTPUT
+    later: list[dict[str, Any]] = [
+        *(dict(e) for e in first),
+        *({"page": e["page"], "ts": e["ts"]} for e in first),
+        *events(10, start=len(first)),
+    ]
+    for number, step in enumerate(STEPS):
+        start_with_crash(cli, job_name, source, step, 0, record)
+        wait_for(
+            lambda: True if record.exists() and jobs.get_state(job_name) == "crashed" else None,
+            timeout=180,
+            what=f"the crash at {step}",
+        )
+        assert json.loads(record.read_text()) == {"step": step, "batch": 0, "output": OUTPUT}
+        record.unlink()
+        if number == 0:
+            send(serving, source, later)  # batch 0 is planned: these are batch 1
+    start(cli, job_name, source)
+
+    sent = [*first, *later]
+    with_id = [e for e in sent if "id" in e]
+    want = Counter(expected(with_id))
+    want.update((e["page"], e["ts"] - e["ts"] % WINDOW_MS) for e in sent if "id" not in e)
+    counted = sum(want.values())
+    # Every record read and accounted for (counted or dropped as a duplicate) ...
+    final = wait_stats(serving, job_name, accounted=len(sent))
+    assert offsets_consumed(query, final.last_batch) == len(sent) == final.accounted
+    # ... each copy a duplicate.
+    assert (final.counted, final.duplicates) == (counted, len(sent) - counted)
+    assert store_counts(serving, job_name) == dict(want)
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for change in changelog(serving, job_name):
+        window = (change["key"], change["window_start"])
+        if change["version"] >= latest.get(window, {"version": -1})["version"]:
+            latest[window] = change
+    assert {k: c["count"] for k, c in latest.items()} == {
+        (key, _iso(start_ms)): n for (key, start_ms), n in want.items()
     }

@@ -24,7 +24,7 @@ from pyspark.sql.streaming import TwsTester
 import kappaflow.streams.aggregates as kf
 from kappaflow.streams.kinds import DEAD_WINDOW
 from kappaflow.streams.ops.arrow_ipc import table_from_ipc
-from kappaflow.streams.ops.folding import Folder, partial_name
+from kappaflow.streams.ops.folding import Folder, packed, partial_name
 from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA, WindowAggregator, WindowState
 
 SIZE = 60_000
@@ -74,9 +74,10 @@ def records(
 
 
 def folded(table: pa.Table, group: int = START) -> pd.DataFrame:
-    """The fold step's rows of ``table`` in the group of window start ``group``."""
+    """The fold step's rows of ``table`` in the group of window start ``group``, packed
+    as the fold step hands them over."""
     out = Folder([COUNT]).fold(table)
-    frame: pd.DataFrame = out.filter(pc.equal(out["window_start"], group)).to_pandas()
+    frame: pd.DataFrame = packed(out.filter(pc.equal(out["window_start"], group))).to_pandas()
     return frame
 
 

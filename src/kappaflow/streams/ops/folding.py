@@ -12,17 +12,26 @@ time its id is seen in the window. The fold cannot know which ids the window saw
 earlier batches, and a partial cannot take an event back out, so with ids it folds per id
 as well (``id_hash`` is part of the group): the window state then keeps or drops each
 id's row whole. Events without an id fold together and always count.
+
+The fold hands the window state its rows packed (``packed``): per (window, shard), one
+row holding that group's folded rows as Arrow IPC bytes, which the state unpacks
+(``unpacked``). transformWithStateInPandas gives the state pandas frames, and pandas
+holds an int64 column with a null as float64: a 64-bit id hash beside an event without
+an id came out rounded to 53 bits, no longer the hash the window had kept for its first
+copy, and a repeat counted again. Bytes cross pandas as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kappaflow.streams.aggregates import Aggregate, Partial
+from kappaflow.streams.ops.arrow_ipc import table_from_ipc, table_to_ipc
 
 #: The fold's groups; ``id_hash`` is null without an id column.
 GROUP = ["window_start", "shard", "key", "primary", "src_partition", "id_hash"]
@@ -30,6 +39,10 @@ GROUP = ["window_start", "shard", "key", "primary", "src_partition", "id_hash"]
 WEIGHT = "_kf_weight"
 #: Rows folded at once; bounds the Python worker's memory on a huge batch.
 FOLD_ROWS = 500_000
+#: What the fold step hands the window state: a group's folded rows, packed.
+PACKED_GROUP = pa.schema(
+    [("window_start", pa.int64()), ("shard", pa.int32()), ("rows", pa.binary())]
+)
 _ROW = "_kf_row"
 _SQL = {
     pa.int64(): "BIGINT",
@@ -59,7 +72,7 @@ def partial_fields(aggregates: Sequence[Aggregate]) -> list[pa.Field]:
 
 
 def folded_schema(aggregates: Sequence[Aggregate]) -> pa.Schema:
-    """What the fold step emits and the window state takes."""
+    """The folded rows: what the fold step makes and the window state takes (packed)."""
     return pa.schema(
         [
             ("window_start", pa.int64()),
@@ -143,10 +156,45 @@ def _source(i: int, agg: Aggregate, part: Partial, raw: bool) -> str:
     return input_name(i) if agg.column is not None else WEIGHT
 
 
+def packed(folded: pa.Table) -> pa.Table:
+    """``folded`` rows (``folded_schema``) as PACKED_GROUP rows: one per (window_start,
+    shard), holding that group's rows as the bytes of an Arrow IPC stream."""
+    if not folded.num_rows:
+        return PACKED_GROUP.empty_table()
+    rows = folded.take(
+        pc.sort_indices(folded, [("window_start", "ascending"), ("shard", "ascending")])
+    )
+    starts = rows["window_start"].to_numpy()
+    shards = rows["shard"].to_numpy()
+    edges = np.flatnonzero((np.diff(starts) != 0) | (np.diff(shards) != 0)) + 1
+    bounds = [0, *edges.tolist(), rows.num_rows]
+    firsts = bounds[:-1]
+    return pa.table(
+        {
+            "window_start": pa.array(starts[firsts], pa.int64()),
+            "shard": pa.array(shards[firsts], pa.int32()),
+            "rows": pa.array(
+                [table_to_ipc(rows.slice(a, b - a)) for a, b in itertools.pairwise(bounds)],
+                pa.binary(),
+            ),
+        },
+        schema=PACKED_GROUP,
+    )
+
+
+def unpacked(blobs: Iterable[bytes], schema: pa.Schema) -> pa.Table:
+    """The folded rows (of ``schema``) that PACKED_GROUP rows' ``rows`` hold, in order."""
+    tables = [table_from_ipc(blob) for blob in blobs]
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables).cast(schema)
+
+
 class Folder:
     """The ``mapInArrow`` function. Input columns: ``GROUP`` but ``key`` already the JSON
     text of the key, ``src_offset``, ``input_name(i)`` per aggregate with a column, and
-    optionally ``reason`` and ``value`` (a record that did not parse, passed on whole)."""
+    optionally ``reason`` and ``value`` (a record that did not parse, passed on whole).
+    Output: PACKED_GROUP rows (``packed``) of what ``fold`` makes of them."""
 
     def __init__(self, aggregates: Sequence[Aggregate]) -> None:
         self.aggregates = list(aggregates)
@@ -159,10 +207,10 @@ class Folder:
             pending.append(batch)
             rows += batch.num_rows
             if rows >= FOLD_ROWS:
-                yield from self.fold(pa.Table.from_batches(pending)).to_batches()
+                yield from packed(self.fold(pa.Table.from_batches(pending))).to_batches()
                 pending, rows = [], 0
         if pending:
-            yield from self.fold(pa.Table.from_batches(pending)).to_batches()
+            yield from packed(self.fold(pa.Table.from_batches(pending))).to_batches()
 
     def fold(self, table: pa.Table) -> pa.Table:
         """Events folded per group; records that did not parse (``reason``) one row each."""

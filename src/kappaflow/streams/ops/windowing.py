@@ -2,10 +2,11 @@
 
 ``aggregate_windows`` computes the aggregates users declare (aggregates.py; ``kappaflow
 count`` declares one, a count) per key and window. Events are windowed in Spark SQL,
-folded per (window, key) to partials (folding.py), then merged per (window, shard) by
-``WindowAggregator``, a stateful processor whose state value holds, for all keys of a
-shard in a window, their partials and the version that orders their changes (an Arrow
-table), the ids already counted and whether the window is final.
+folded per (window, key) to partials (folding.py), handed over packed per (window, shard)
+as Arrow IPC bytes (a pandas column would round 64-bit ids beside a null), then merged
+per (window, shard) by ``WindowAggregator``, a stateful processor whose state value
+holds, for all keys of a shard in a window, their partials and the version that orders
+their changes (an Arrow table), the ids already counted and whether the window is final.
 
 Per micro-batch a key whose values change gets one change: ``provisional`` before the
 watermark passes the window's end, ``correction`` after. A timer at the end emits
@@ -59,6 +60,7 @@ from kappaflow.streams.ops.arrow_ipc import (
     table_to_ipc,
 )
 from kappaflow.streams.ops.folding import (
+    PACKED_GROUP,
     Folder,
     ddl,
     folded_schema,
@@ -66,6 +68,7 @@ from kappaflow.streams.ops.folding import (
     partial_fields,
     partial_name,
     reduce_groups,
+    unpacked,
 )
 from kappaflow.streams.ops.operator_rows import dead_letter_rows, schema_rows
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -153,7 +156,8 @@ def aggregate_windows(
         .alias("value"),
         *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
     )
-    folded = selected.mapInArrow(Folder(bound), ddl(folded_schema(bound)))
+    # The folded rows reach the state packed per group: through pandas as they are.
+    folded = selected.mapInArrow(Folder(bound), ddl(PACKED_GROUP))
     processor = WindowAggregator(names, bound, size_ms, lateness_ms, dedup=id_column is not None)
     return folded.groupBy("window_start", "shard").transformWithStateInPandas(
         statefulProcessor=PackedProcessor(processor),
@@ -281,8 +285,9 @@ class WindowAggregator(StatefulProcessor):
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pa.Table]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        frame = pd.concat(list(rows), ignore_index=True)
-        folded = pa.Table.from_pandas(frame, schema=self.folded, preserve_index=False)
+        # Each row holds folded rows packed (folding.packed): unpacked from their bytes,
+        # not from pandas columns, whose int64s with a null are float64 (ids rounded).
+        folded = unpacked((blob for frame in rows for blob in frame["rows"]), self.folded)
         start = int(key[0])
         if start == DEAD_WINDOW:
             yield dead_letter_rows(folded, "first_offset", OUTPUT_ARROW_SCHEMA)

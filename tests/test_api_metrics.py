@@ -22,6 +22,7 @@ from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 from test_api_topics import commit, without_kafka
+from test_docs import documented_metrics
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -185,6 +186,27 @@ def test_a_consumer_groups_lag_per_topic(serving: Settings) -> None:
     labels = {"group": group, "topic": topic}
     assert value(samples, "kappaflow_kafka_consumer_group_lag", **labels) == 1 + 4
     assert value(samples, "kappaflow_kafka_consumer_group_committed_offsets", **labels) == 5
+
+
+def test_the_documented_metrics_are_those_the_service_exports(
+    api: httpx.Client, served: Served
+) -> None:
+    """docs/metrics-and-topics.md's tables list every metric family a scrape of the
+    service holds (a family without samples included), with its type."""
+
+    def families() -> dict[str, str] | None:
+        answer = api.get("/metrics")
+        assert answer.status_code == 200, answer.text
+        if value(parse(answer.text), "kappaflow_kafka_up") != 1:
+            return None  # the broker's metrics need a scrape that reached it
+        return {
+            # The parser names a counter without its ``_total``.
+            family.name + ("_total" if family.type == "counter" else ""): family.type
+            for family in text_string_to_metric_families(answer.text)
+        }
+
+    exported = wait_for(families, timeout=60, what="a scrape that reached the broker")
+    assert exported == documented_metrics()
 
 
 def test_a_broker_that_is_down_costs_only_the_brokers_metrics(serving: Settings) -> None:

@@ -1,12 +1,13 @@
-"""The documentation stays true: its commands and options exist, and every setting is
-documented.
+"""The documentation stays true: its commands parse, and its settings are Settings'.
 
 Every ``kappaflow …`` and ``kappaflow-bench …`` line in README.md and docs/ (inline code
-and shell blocks) is walked
-through the click tree word by word: a word after a group must be one of its
-subcommands, and every option on the line must belong to the command it reaches (or, before
-the first subcommand, to the root). A command or option removed from the CLI fails here
-until the documentation follows.
+and shell blocks) is walked through the click tree word by word (a word after a group
+must be one of its subcommands, every option must belong to the command it reaches), and
+then given to click itself, each placeholder (an UPPERCASE word, ``<...>``) replaced by a
+value of the parameter it fills and each alternative of a synopsis tried: choices, value
+types and the number of arguments are click's to check. The settings table (in whichever
+of those files holds it) names every setting, with its literal default. A command or
+option removed or changed fails here until the documentation follows.
 """
 
 from __future__ import annotations

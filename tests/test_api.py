@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import error_line, run_kappaflow
+from fastapi.routing import APIRoute, APIWebSocketRoute
 from service import (
     BASE,
     VIEWS,
@@ -26,11 +27,13 @@ from service import (
     at,
     expected_windows,
     serve,
+    served_app,
 )
 
 from kappaflow.api.server import settings_json
 from kappaflow.procs import free_port
 from kappaflow.settings import Settings, load_settings
+from test_docs import documented_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -177,29 +180,38 @@ def test_bad_requests_get_a_code_and_their_status(
     assert api.post("/v1/jobs").json()["code"] == "KF853"
 
 
-def test_the_openapi_description_lists_every_endpoint(api: httpx.Client) -> None:
-    paths = set(api.get("/openapi.json").json()["paths"])
-    assert paths == {
-        "/v1/health",
-        "/v1/jobs",
-        "/v1/jobs/{job}",
-        "/v1/jobs/{job}/outputs",
-        "/v1/jobs/{job}/outputs/{output}/keys",
-        "/v1/jobs/{job}/outputs/{output}/windows",
-        "/v1/jobs/{job}/outputs/{output}/windows/latest",
-        "/v1/jobs/{job}/outputs/{output}/top",
-        "/v1/jobs/{job}/outputs/{output}/latest",
-        # Push (its WebSocket is not HTTP, so not in the description).
-        "/v1/jobs/{job}/outputs/{output}/changes",
-        "/v1/sql",
-        "/v1/sql/tables",
-        "/v1/topics",
-        "/v1/topics/{topic}/records",
-        "/v1/topics/{topic}/follow",
-        "/metrics",
-        "/v1/session",
-        "/v1/tokens",
-        "/v1/tokens/{name}",
+def test_the_endpoint_table_is_every_route_and_the_openapi_description(
+    api: httpx.Client,
+) -> None:
+    """docs/api.md's table of endpoints names every route the application answers, and
+    the OpenAPI description every HTTP one but the dashboard's redirects (the WebSocket
+    is not HTTP)."""
+    app = served_app(api)
+    routes: set[tuple[str, str]] = set()
+    described_routes: set[tuple[str, str]] = set()
+    for route in app.routes:
+        if isinstance(route, APIRoute):
+            methods = {(method, route.path) for method in route.methods or ()}
+            routes |= methods
+            if route.include_in_schema:
+                described_routes |= methods
+        elif isinstance(route, APIWebSocketRoute):
+            routes.add(("WS", route.path))
+    documented = documented_endpoints()
+    assert routes == documented, (
+        f"routes not in docs/api.md: {sorted(routes - documented)}; "
+        f"documented but not routes: {sorted(documented - routes)}"
+    )
+    described = {
+        (method.upper(), path)
+        for path, methods in api.get("/openapi.json").json()["paths"].items()
+        for method in methods
+    }
+    assert described == described_routes
+    assert {path for _, path in routes - described_routes} == {
+        "/",
+        "/dashboard",
+        "/v1/jobs/{job}/outputs/{output}/changes/ws",
     }
 
 

@@ -4,22 +4,25 @@ through the Prometheus text parser."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from confluent_kafka import Producer, TopicPartition
-from prometheus_client import generate_latest
+from conftest import run_kappaflow
 from prometheus_client.parser import text_string_to_metric_families
 from service import WATERMARK, Served, serve
+from websockets.sync.client import connect
 
-from kappaflow.api.app import create_app
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
 from test_api_topics import commit, without_kafka
+from test_docs import documented_metrics
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -75,16 +78,39 @@ def test_a_jobs_state_progress_and_accounting(api: httpx.Client, served: Served)
     # The views' watermark is their latest time less 5 s; the delay is the clock's lead.
     delay = value(samples, "kappaflow_job_watermark_delay_seconds", **pages)
     assert abs(delay - (time.time() * 1000 - WATERMARK) / 1000) < 120
+    assert value(samples, "kappaflow_job_state_rows", **pages) > 0
+    assert value(samples, "kappaflow_job_state_memory_bytes", **pages) > 0
+
+    # The progress gauges are the query's last progress, as `jobs status` prints it: a
+    # scrape before and one after the command that agree bracket what it read.
+    progress = {
+        "kappaflow_job_input_rows_per_second": "input_rows_per_s",
+        "kappaflow_job_processed_rows_per_second": "processed_rows_per_s",
+        "kappaflow_job_offsets_behind_latest": "lag_records",
+        "kappaflow_job_state_rows": "state_rows",
+        "kappaflow_job_batch_duration_seconds": "batch_duration_ms",
+    }
+
+    def bracketed() -> tuple[dict[str, float], dict[str, Any]] | None:
+        gauges = {name: value(scrape(api), name, **pages) for name in progress}
+        status = run_kappaflow(served.settings, "jobs", "status", job, "--json")
+        assert status.code == 0, status.err
+        after = {name: value(scrape(api), name, **pages) for name in progress}
+        return (gauges, json.loads(status.out)["outputs"]["pages"]) if after == gauges else None
+
+    gauges, status = wait_for(bracketed, timeout=90, interval=1, what="a quiet scrape")
+    # Every view was read before the job started: nothing is left behind the latest.
+    assert gauges["kappaflow_job_offsets_behind_latest"] == 0 == status["lag_records"]
+    assert gauges["kappaflow_job_batch_duration_seconds"] > 0
+    assert gauges["kappaflow_job_batch_duration_seconds"] * 1000 == pytest.approx(
+        status["batch_duration_ms"]
+    )
     for name in (
         "kappaflow_job_input_rows_per_second",
         "kappaflow_job_processed_rows_per_second",
-        "kappaflow_job_batch_duration_seconds",
         "kappaflow_job_state_rows",
-        "kappaflow_job_state_memory_bytes",
-        "kappaflow_job_offsets_behind_latest",
     ):
-        assert value(samples, name, **pages) >= 0, name
-    assert value(samples, "kappaflow_job_state_rows", **pages) > 0
+        assert gauges[name] == pytest.approx(status[progress[name]]), name
 
 
 def test_requests_by_route_template_and_status(served: Served) -> None:
@@ -103,16 +129,40 @@ def test_requests_by_route_template_and_status(served: Served) -> None:
     assert value(samples, "kappaflow_api_requests_total", **unmatched) == 1
 
 
-def test_push_subscribers_are_a_gauge_of_each_application(serving: Settings) -> None:
-    first, second = create_app(serving), create_app(serving)
-    watching = {"job": "j", "output": "o", "transport": "sse"}
-    first.state.metrics.subscribers.labels(**watching).inc()
-    first.state.metrics.subscribers.labels(**watching).inc()
-    second.state.metrics.subscribers.labels(**watching).inc()
-    first.state.metrics.subscribers.labels(**watching).dec()
-    # Each application's own registry: what its /metrics serves.
-    exposed = parse(generate_latest(first.state.metrics.registry).decode())
-    assert value(exposed, "kappaflow_api_push_subscribers", **watching) == 1
+def test_push_subscribers_are_a_gauge_of_each_application(
+    api: httpx.Client, served: Served
+) -> None:
+    """Real subscriptions raise the gauge of the application they reach, and leave it
+    when they disconnect."""
+    path = f"/v1/jobs/{served.job}/outputs/pages/changes"
+    labels = {"job": served.job, "output": "pages"}
+
+    def subscribers(client: httpx.Client, transport: str) -> float:
+        key = frozenset({**labels, "transport": transport}.items())
+        return scrape(client).get(("kappaflow_api_push_subscribers", key), 0.0)
+
+    def reaches(client: httpx.Client, transport: str, n: float) -> None:
+        wait_for(
+            lambda: subscribers(client, transport) == n or None,
+            timeout=30,
+            what=f"{n} {transport} subscribers",
+        )
+
+    assert subscribers(api, "sse") == 0 and subscribers(api, "websocket") == 0
+    with api.stream("GET", path, timeout=httpx.Timeout(30, read=90)) as answer:
+        assert answer.status_code == 200, answer.read()
+        lines = answer.iter_lines()
+        assert next(line for line in lines if line.startswith("event:")) == "event: snapshot"
+        assert subscribers(api, "sse") == 1
+        url = f"{api.base_url}{path}/ws".replace("http://", "ws://")
+        with connect(url, open_timeout=30) as socket:
+            assert json.loads(socket.recv(timeout=60))["event"] == "snapshot"
+            assert subscribers(api, "websocket") == 1 and subscribers(api, "sse") == 1
+            with serve(served.settings) as other:  # an application of its own
+                assert subscribers(other, "sse") == 0 and subscribers(other, "websocket") == 0
+        reaches(api, "websocket", 0)
+        assert subscribers(api, "sse") == 1
+    reaches(api, "sse", 0)
 
 
 def test_a_consumer_groups_lag_per_topic(serving: Settings) -> None:
@@ -136,6 +186,27 @@ def test_a_consumer_groups_lag_per_topic(serving: Settings) -> None:
     labels = {"group": group, "topic": topic}
     assert value(samples, "kappaflow_kafka_consumer_group_lag", **labels) == 1 + 4
     assert value(samples, "kappaflow_kafka_consumer_group_committed_offsets", **labels) == 5
+
+
+def test_the_documented_metrics_are_those_the_service_exports(
+    api: httpx.Client, served: Served
+) -> None:
+    """docs/metrics-and-topics.md's tables list every metric family a scrape of the
+    service holds (a family without samples included), with its type."""
+
+    def families() -> dict[str, str] | None:
+        answer = api.get("/metrics")
+        assert answer.status_code == 200, answer.text
+        if value(parse(answer.text), "kappaflow_kafka_up") != 1:
+            return None  # the broker's metrics need a scrape that reached it
+        return {
+            # The parser names a counter without its ``_total``.
+            family.name + ("_total" if family.type == "counter" else ""): family.type
+            for family in text_string_to_metric_families(answer.text)
+        }
+
+    exported = wait_for(families, timeout=60, what="a scrape that reached the broker")
+    assert exported == documented_metrics()
 
 
 def test_a_broker_that_is_down_costs_only_the_brokers_metrics(serving: Settings) -> None:

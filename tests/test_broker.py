@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, Message, Producer
 from conftest import EXTERNAL_KAFKA, make_settings, run_kappaflow
 
 from kappaflow.errors import ServiceError
@@ -76,9 +77,22 @@ def test_stale_pid_file_is_detected_and_cleared(own: Settings) -> None:
 
 
 def test_killed_broker_leaves_a_stale_pid_and_restarts(own: Settings) -> None:
+    """A broker killed outright keeps its topics and every record it acknowledged."""
     broker = EmbeddedBroker(own)
     broker.start()
-    create_topic(own.kafka, "survivor")
+    create_topic(own.kafka, "survivor", partitions=2)
+    sent = [(f"k{n % 7}".encode(), json.dumps({"n": n}).encode()) for n in range(200)]
+    acknowledged: list[tuple[bytes, bytes]] = []
+
+    def delivered(err: KafkaError | None, message: Message) -> None:
+        assert err is None, err
+        acknowledged.append((message.key() or b"", message.value() or b""))
+
+    producer = Producer({**own.kafka.client_config(), "acks": "all"})
+    for key, value in sent:
+        producer.produce("survivor", key=key, value=value, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    assert sorted(acknowledged) == sorted(sent)
     pid = broker.status().pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -88,7 +102,12 @@ def test_killed_broker_leaves_a_stale_pid_and_restarts(own: Settings) -> None:
         what="the broker to die",
     )
     assert broker.start() is True
-    assert "survivor" in [t["name"] for t in list_topics(own.kafka)]
+    assert {"name": "survivor", "partitions": 2} in list_topics(own.kafka)
+    kept = [
+        (m.key() or b"", m.value() or b"")
+        for m in read_records(own.kafka, "survivor", start=StartAt(beginning=True))
+    ]
+    assert sorted(kept) == sorted(sent)
 
 
 def test_port_in_use_is_refused(own: Settings) -> None:

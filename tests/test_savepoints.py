@@ -37,7 +37,8 @@ from kappaflow.jobs.from_build import start_app
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.jobs.pipeline import load_build
 from kappaflow.jobs.restore import Change, compare_plans, restore
-from kappaflow.kafka.topics import create_topic
+from kappaflow.kafka.records import StartAt, read_records
+from kappaflow.kafka.topics import create_topic, describe_topic
 from kappaflow.settings import Settings
 from kappaflow.streams.output.lake_read import read_arrow
 
@@ -174,6 +175,41 @@ def kafka_latest(settings: Settings, name: str) -> dict[str, dict[str, Any]]:
     return {r["country"]: r["values"] for r in topic_values(settings, f"{name}.revenue")}
 
 
+def end_offsets(settings: Settings, name: str) -> dict[int, int]:
+    """Where each partition of the job's revenue topic ends now."""
+    found = describe_topic(settings.kafka, f"{name}.revenue")["partitions"]
+    return {p["partition"]: p["high_offset"] for p in found}
+
+
+def published(
+    settings: Settings, name: str, ends: dict[int, int], *, after: bool
+) -> list[dict[str, Any]]:
+    """The committed records of the job's revenue topic after ``ends`` (or before them),
+    in the topic's order."""
+    return [
+        json.loads(m.value() or b"{}")
+        for m in read_records(settings.kafka, f"{name}.revenue", start=StartAt(beginning=True))
+        if ((m.offset() or 0) >= ends.get(m.partition() or 0, 0)) == after
+    ]
+
+
+def last_versions(records: list[dict[str, Any]], up_to_batch: int) -> dict[str, int]:
+    """Each country's last version in ``records`` of batches up to ``up_to_batch``."""
+    found: dict[str, int] = {}
+    for r in records:
+        if int(r["batch"]) <= up_to_batch:
+            found[r["country"]] = max(found.get(r["country"], 0), int(r["version"]))
+    return found
+
+
+def changes(records: list[dict[str, Any]]) -> list[tuple[str, int, int, dict[str, Any]]]:
+    """(country, version, batch, values) of each record, each (country, version) once."""
+    found = [(r["country"], int(r["version"]), int(r["batch"]), r["values"]) for r in records]
+    versions = [(country, version) for country, version, _, _ in found]
+    assert len(versions) == len(set(versions)), f"a change is in the topic twice: {found}"
+    return found
+
+
 def marker_totals(settings: Settings, name: str) -> dict[str, int]:
     markers = topic_values(settings, f"{name}.commits")
     totals: dict[str, int] = max(markers, key=lambda m: m["batch_id"])["totals"]
@@ -187,9 +223,10 @@ def run_in_process(
     version: str,
     rounds: list[list[dict[str, Any]]],
     n: int,
-) -> None:
+) -> list[int]:
     """Run ``version`` of the job in this process until it counted ``n`` events, sending
-    each of ``rounds`` once the one before is counted (each a batch of its own)."""
+    each of ``rounds`` once the one before is counted (each a batch of its own); the ids
+    of the batches its revenue query ran with input."""
     ctx = JobContext(job.name, job.params, spark, settings)
     queries = start_app(load_build(f"savepoint_jobs:{version}"), ctx)
     try:
@@ -206,6 +243,8 @@ def run_in_process(
             what=f"{job.name}'s markers to count {n} events",
             timeout=60,
         )
+        [revenue] = [q for q in queries if q.name == f"{job.name}.revenue"]
+        return [p["batchId"] for p in revenue.recentProgress if p["numInputRows"] > 0]
     finally:
         for query in queries:
             query.stop()
@@ -248,24 +287,41 @@ def test_a_start_from_a_savepoint_takes_a_stateless_change_and_every_sink_is_exa
     would skip the batches Spark plans anew (of other bounds), and a store or lake not put
     back would count them twice."""
     name = deployed.name
+    live, before = (manifest(serving, name, label) for label in ("live", "before"))
     moved = serving.model_copy(update={"checkpoint_dir": str(tmp_path / "moved")})
     (Path(serving.checkpoint_location) / name).rename(tmp_path / "set-aside")
+    first_run = end_offsets(serving, name)
     restore(moved, name, "savepoint_jobs:without_fr", deployed.params, "before", spark=spark)
-    run_in_process(spark, moved, deployed, "without_fr", [ROUND_C], 7)
+    batches = run_in_process(spark, moved, deployed, "without_fr", [ROUND_C], 7)
     changed = stored(serving, name)
     assert changed == {"DE": {"total": 17.5, "n": 5}, "FR": {"total": 12.0, "n": 2}}
     assert events(serving, name) == 7 and marker_totals(serving, name)["events"] == 7
     assert lake_latest(serving, name) == changed
-    assert kafka_latest(serving, name)["DE"] == changed["DE"]
+    # Round C's one batch is published once, DE's change the one after the savepoint's.
+    original = published(serving, name, first_run, after=False)
+    at_before = last_versions(original, before["outputs"]["revenue"]["batch_id"])
+    [batch] = batches
+    assert changes(published(serving, name, first_run, after=True)) == [
+        ("DE", at_before["DE"] + 1, batch, changed["DE"])
+    ]
+    # FR, which the new code no longer changes, keeps its last change from before.
+    assert kafka_latest(serving, name) == changed
+    assert [r["values"] for r in original if r["country"] == "FR"][-1] == changed["FR"]
 
     # Rounds B and C read again, in one batch where they were two.
+    second_run = end_offsets(serving, name)
     restore(serving, name, "savepoint_jobs:build", deployed.params, "live", spark=spark)
-    run_in_process(spark, serving, deployed, "build", [], 8)
+    batches = run_in_process(spark, serving, deployed, "build", [], 8)
     unchanged = stored(serving, name)
     assert unchanged == {"DE": {"total": 17.5, "n": 5}, "FR": {"total": 15.0, "n": 3}}
     assert changed["DE"] == unchanged["DE"]  # where the filter changes nothing
     assert events(serving, name) == 8 and marker_totals(serving, name)["events"] == 8
     assert lake_latest(serving, name) == unchanged
+    at_live = last_versions(original, live["outputs"]["revenue"]["batch_id"])
+    [batch] = batches
+    assert sorted(changes(published(serving, name, second_run, after=True))) == [
+        (country, at_live[country] + 1, batch, unchanged[country]) for country in ("DE", "FR")
+    ]
     assert kafka_latest(serving, name) == unchanged
 
 

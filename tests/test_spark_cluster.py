@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from confluent_kafka import Producer
 from conftest import RunCli, run_kappaflow, start_clean_job
 from live_jobs import send_json, stop_if_running, topic_values, wait_job
 
+from kappaflow.errors import TopicNotFoundError
 from kappaflow.iot.registry import register
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.kafka.topics import COMPACTED, create_topic
@@ -88,6 +90,33 @@ def _master_state(status_url: str) -> dict[str, Any]:
         return state
 
 
+def _worker_of(status_url: str, pid: int) -> dict[str, Any]:
+    """The master's entry of the worker whose process is ``pid`` (by the ports it
+    listens on)."""
+    listening = {
+        c.laddr.port
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    workers: list[dict[str, Any]] = _master_state(status_url)["workers"]
+    [worker] = [w for w in workers if w["port"] in listening]
+    return worker
+
+
+def _executors(status_url: str, app_id: str) -> dict[str, int]:
+    """The executors of application ``app_id`` on each alive worker that has any, as the
+    workers' own status pages (the master's JSON gives their addresses) list them."""
+    found: dict[str, int] = {}
+    for worker in _master_state(status_url)["workers"]:
+        if worker["state"] != "ALIVE":
+            continue
+        state = _master_state(f"{worker['webuiaddress']}/json/")
+        n = sum(1 for e in state["executors"] if e["appid"] == app_id)
+        if n:
+            found[worker["id"]] = n
+    return found
+
+
 def test_clean_job_on_a_standalone_cluster(
     standalone: tuple[str, str],
     cli: RunCli,
@@ -113,7 +142,7 @@ def test_clean_job_on_a_standalone_cluster(
                 json.loads(m.value() or b"{}")["n"]
                 for m in read_records(kafka.kafka, dest, start=StartAt(beginning=True))
             ]
-        except Exception:
+        except TopicNotFoundError:  # the job has not created it yet
             return None
         return values if len(values) >= 50 else None
 
@@ -278,16 +307,25 @@ def test_counting_on_the_cluster_is_exact_through_a_killed_worker(
     assert started.code == 0, started.err
     try:
         wait_stats(serving, job, counted=1)
-        executors = [a for a in _master_state(status_url)["activeapps"] if a["name"].endswith(job)]
-        assert executors, "the job does not run on the cluster"
+        [app] = [a for a in _master_state(status_url)["activeapps"] if a["name"].endswith(job)]
         pid = CLUSTERS[url].worker_pid(1)
         assert pid is not None
+        killed = _worker_of(status_url, pid)
+        # The job's executors, one a worker (each has one core), the killed one's among them.
+        placed = wait_for(
+            lambda: found if len(found := _executors(status_url, app["id"])) == 2 else None,
+            timeout=120,
+            what="an executor of the job on each worker",
+        )
+        assert placed[killed["id"]] == 1
         os.kill(pid, signal.SIGKILL)
         wait_for(
             lambda: True if _master_state(status_url)["aliveworkers"] == 1 else None,
             timeout=120,
             what="the master to see the worker gone",
         )
+        left = _executors(status_url, app["id"])
+        assert killed["id"] not in left and sum(left.values()) < sum(placed.values()), left
         send_json(serving, source, after, key="page")
         wait_stats(serving, job, counted=len(before) + len(after))
     finally:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
-from conftest import RunCli
+from conftest import Result, RunCli, settings_env
 
 from kappaflow.settings import Settings
 
@@ -40,11 +42,33 @@ def test_create_describe_list_delete(cli: RunCli, topic_name: str) -> None:
     assert "does not exist" in missing.err
 
 
-def test_create_twice(cli: RunCli, topic_name: str) -> None:
-    assert cli("topics", "create", topic_name).code == 0
-    # Without --partitions: one per core of this machine.
-    described = json.loads(cli("topics", "describe", topic_name).out)
-    assert len(described["partitions"]) == (os.cpu_count() or 1)
+def create_on_cores(kafka: Settings, topic: str, cores: int | None) -> Result:
+    """`kappaflow topics create TOPIC` in a process whose machine has ``cores`` cores (None:
+    a count Python cannot tell)."""
+    code = (
+        f"import os, sys; os.cpu_count = lambda: {cores!r}; "
+        f"from kappaflow.cli import main; sys.exit(main(['topics', 'create', {topic!r}]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **settings_env(kafka)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_create_twice(cli: RunCli, kafka: Settings, topic_name: str) -> None:
+    # Without --partitions: one per core of the machine, or one if its cores are unknown.
+    unknown = f"{topic_name}-unknown"
+    for topic, cores, partitions in ((topic_name, 3, 3), (unknown, None, 1)):
+        created = create_on_cores(kafka, topic, cores)
+        assert created.code == 0, created.err
+        described = json.loads(cli("topics", "describe", topic).out)
+        assert len(described["partitions"]) == partitions, cores
+    assert cli("topics", "delete", unknown).code == 0
     again = cli("topics", "create", topic_name)
     assert again.code == 1
     assert "already exists" in again.err

@@ -70,6 +70,19 @@ def acls() -> None:
     """Kafka access control lists: grant, revoke, list. Nothing is allowed by default."""
 
 
+class _Operation(click.Choice):  # type: ignore[type-arg]
+    """An ACL operation, checked as the command line is read: an unknown one is refused
+    (KF906) before anything reaches the broker."""
+
+    def __init__(self) -> None:
+        super().__init__(sorted(access.OPERATIONS))
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        return access.check_operation(str(value))
+
+
 def _rule_options(command: Callable[..., None]) -> Callable[..., None]:
     for option in reversed(
         (
@@ -90,6 +103,7 @@ def _rule_options(command: Callable[..., None]) -> Callable[..., None]:
                 "-o",
                 "operations",
                 multiple=True,
+                type=_Operation(),
                 metavar="OP",
                 help=f"repeatable; one of {', '.join(sorted(access.OPERATIONS))}",
             ),

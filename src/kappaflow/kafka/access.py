@@ -53,6 +53,16 @@ OPERATIONS: Final = {
 #: Kafka's name for the one cluster resource.
 CLUSTER_NAME: Final = "kafka-cluster"
 
+
+def check_operation(op: str) -> str:
+    """``op`` if it names an operation (KF906 if not)."""
+    if op not in OPERATIONS:
+        raise InvalidAclError(
+            f"unknown operation {op!r}: use one of {', '.join(sorted(OPERATIONS))}"
+        )
+    return op
+
+
 _USER = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -140,10 +150,7 @@ def rules(
     if not ops:
         raise InvalidAclError("name at least one --operation")
     for op in ops:
-        if op not in OPERATIONS:
-            raise InvalidAclError(
-                f"unknown operation {op!r}: use one of {', '.join(sorted(OPERATIONS))}"
-            )
+        check_operation(op)
     named: list[tuple[str, str]] = [("topic", t) for t in topics]
     named += [("group", g) for g in groups]
     named += [("transactional-id", t) for t in transactional_ids]

@@ -24,6 +24,7 @@ def setup(ctx: Context) -> None:
     """Check prerequisites, resolve the JVM artifacts from Maven Central, write the Spark
     driver's class-data archive and install an MQTT broker if there is none (idempotent)."""
     from kappaflow.install import find_java, resolve_all
+    from kappaflow.install.engine import build_engine
     from kappaflow.install.localfs import build_local_fs
     from kappaflow.iot.jvm.scorer import build_scorer
     from kappaflow.mqtt.setup import ensure_mqtt_broker
@@ -34,7 +35,7 @@ def setup(ctx: Context) -> None:
     say(f"java {java.version} at {java.executable}")
     for line in resolve_all(settings):
         say(f"resolved {line}")
-    for build in (build_local_fs, build_scorer):
+    for build in (build_engine, build_local_fs, build_scorer):
         built = build(settings)
         if built is not None:
             say(built)

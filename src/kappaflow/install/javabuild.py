@@ -24,7 +24,9 @@ from kappaflow.install.jdk import jdk_tool
 from kappaflow.settings import Settings
 
 _STAMP = ".built"
-_JDK = "install a JDK (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless) and run `make setup`"
+JDK_HOW = (
+    "install a JDK (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless) and run `make setup`"
+)
 
 
 def pyspark_jars(*patterns: str) -> list[Path]:
@@ -90,7 +92,7 @@ class JavaBuild:
             return None
         javac = jdk_tool("javac")
         if javac is None:
-            return f"javac not found, so {self.without}. To build {self.jar_name}, {_JDK}"
+            return f"javac not found, so {self.without}. To build {self.jar_name}, {JDK_HOW}"
         classpath = self.classpath()
         folder = self.directory(settings)
         folder.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from kappaflow.install.artifacts import spark_connector_jars
+from kappaflow.install.engine import engine_jar
 from kappaflow.install.jdk import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
 from kappaflow.settings import Settings, SettingsOverrides
@@ -68,7 +69,8 @@ def real_time_spark(settings: Settings, slots: int) -> SettingsOverrides:
 def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every Spark option kappaflow sets, derived from ``settings``."""
     spark = settings.spark
-    jars = [str(jar.resolve()) for jar in spark_connector_jars(settings)]
+    # The engine's operators and writers (streams/jvm) run in every session.
+    jars = [str(jar.resolve()) for jar in (*spark_connector_jars(settings), engine_jar(settings))]
     ours = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
     # Classes mapped from setup's archive (cds.py) where there is one.
     archive = archive_options(settings)

@@ -1,0 +1,55 @@
+"""The engine's jar, compiled at setup from the Java sources under ``streams/jvm/java``.
+
+Unlike the other jars kappaflow builds, this one is not optional: the job API's
+operators run in it. A machine without ``javac`` gets a clear error at setup and when a
+session starts, never a job that runs without its engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kappaflow.errors import JarBuildError
+from kappaflow.install.javabuild import JDK_HOW, JavaBuild, pyspark_jars
+from kappaflow.settings import Settings
+
+ENGINE = JavaBuild(
+    jar_name="kappaflow-engine.jar",
+    folder="engine",
+    package=("io", "kappaflow", "engine"),
+    classpath=lambda: pyspark_jars(
+        "scala-library-*.jar",
+        "spark-core_*.jar",
+        "spark-common-utils-java_*.jar",
+        "spark-catalyst_*.jar",
+        "spark-sql-api_*.jar",
+        "spark-sql_*.jar",
+        "spark-unsafe_*.jar",
+        "datasketches-java-*.jar",
+        "datasketches-memory-*.jar",
+        "jackson-core-*.jar",
+        "jackson-databind-*.jar",
+        "jackson-annotations-*.jar",
+        "slf4j-api-*.jar",
+    ),
+    without="the job API has no engine",
+    home="kappaflow.streams.jvm",
+)
+
+
+def build_engine(settings: Settings) -> str | None:
+    """Compile the engine's jar if it is missing or stale; return what was done."""
+    built = ENGINE.build(settings)
+    if ENGINE.jar(settings) is None:
+        raise JarBuildError(built or f"kappaflow-engine.jar was not built; {JDK_HOW}")
+    return built
+
+
+def engine_jar(settings: Settings) -> Path:
+    """The engine's jar, built first if it is missing or its sources changed."""
+    jar = ENGINE.jar(settings)
+    if jar is None:
+        build_engine(settings)
+        jar = ENGINE.jar(settings)
+    assert jar is not None
+    return jar

@@ -10,7 +10,7 @@ import click
 from kappaflow import __version__
 from kappaflow.cli import run_cli
 from kappaflow.cli.context import Context, settings_options
-from kappaflow_bench.cli import api, count, iot, push, ysb
+from kappaflow_bench.cli import api, count, iot, push, scale_out, ysb
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -36,7 +36,14 @@ def cli(
     )
 
 
-for _command in (*count.COMMANDS, *api.COMMANDS, *iot.COMMANDS, *push.COMMANDS, *ysb.COMMANDS):
+for _command in (
+    *count.COMMANDS,
+    *api.COMMANDS,
+    *iot.COMMANDS,
+    *push.COMMANDS,
+    *scale_out.COMMANDS,
+    *ysb.COMMANDS,
+):
     cli.add_command(_command)
 
 

@@ -41,7 +41,7 @@ from kappaflow_bench.report import machine, write_json
 #: Job → its ``build`` and its output's name.
 JOBS = {
     "counts": ("kappaflow_bench.jobs.counts:build", "counts"),
-    "passthrough": ("kappaflow_bench.jobs.passthrough:build", "passthrough"),
+    "passthrough": ("kappaflow_bench.jobs.passthrough:build", "records"),
 }
 #: The topic's partitions: enough tasks for two workers' cores.
 PARTITIONS = 4
@@ -110,7 +110,11 @@ def run(
     executor_memory: str,
     repeat: int,
     out_dir: Path,
+    overrides: SettingsOverrides,
 ) -> ScaleOutResult:
+    """``repeat`` rounds of each job on each worker count; speed-ups and the driver's
+    share. ``overrides``: the command's own (its state directory, ...), under the
+    cluster's."""
     result = ScaleOutResult(
         events=events, keys=keys, cores_per_worker=cores, repeat=repeat, machine=machine()
     )
@@ -125,14 +129,14 @@ def run(
                 for job in JOBS:
                     cluster.stop()
                     cluster.start(n, cores=cores, memory=executor_memory)
-                    overrides = SettingsOverrides(
+                    on_cluster = SettingsOverrides(
                         spark_master=cluster.master_url,
                         spark_conf={
                             "spark.cores.max": str(n * cores),
                             "spark.executor.memory": executor_memory,
                         },
-                    )
-                    found = _measure(settings, job, topic, events, n, cores, overrides)
+                    ).over(overrides)
+                    found = _measure(settings, job, topic, events, n, cores, on_cluster)
                     found.round = round_
                     result.runs.append(found)
                     print(

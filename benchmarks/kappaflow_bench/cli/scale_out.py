@@ -73,6 +73,7 @@ def scale_out(
             executor_memory=executor_memory,
             repeat=repeat,
             out_dir=out_dir,
+            overrides=ctx.overrides,
         )
     rows: list[list[object]] = [
         [

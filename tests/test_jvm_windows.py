@@ -24,6 +24,7 @@ import kappaflow.streams.aggregates as kf
 from kappaflow.errors import WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
 from kappaflow.streams.ops.arrow_ipc import unpack
+from kappaflow.streams.ops.session_windows import aggregate_sessions
 from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA, aggregate_windows
 
 EVENTS = pa.schema(
@@ -131,7 +132,10 @@ def _run(
     **options: Any,
 ) -> list[list[dict[str, Any]]]:
     events = _stream(spark, tmp_path / f"events-{engine}", batches)
-    out = aggregate_windows(events, engine=engine, **options)
+    if "gap_ms" in options:
+        out = aggregate_sessions(events, engine=engine, **options)
+    else:
+        out = aggregate_windows(events, engine=engine, **options)
     seen: list[list[dict[str, Any]]] = []
 
     def collect(frame: DataFrame, batch_id: int) -> None:
@@ -249,6 +253,38 @@ def test_dead_letters_and_keys_of_several_columns_alike(
     )
     dead = [r for rows in seen for r in rows if r["kind"] == "dlq"]
     assert [(r["src_offset"], r["value"]) for r in dead] == [(1, b"{oops"), (3, b'{"x": 1}')]
+
+
+def test_sessions_grow_bridge_finalise_close_and_refuse_late_events_alike(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    batches = [
+        [_event("a", 1_000, 0, id="x"), _event("a", 5_000, 1, id="y"), _event("b", 2_000, 2)],
+        # Starts a second session of a, then bridges it to the first; x again.
+        [_event("a", 30_000, 3), _event("a", 1_500, 4, id="x"), _event("a", 14_000, 5)],
+        # An earlier start for a's session (a correction retracting the old start).
+        [_event("a", 500, 6, price=3.0), _event("b", 60_000, 7), _dead(8, "bad", b"\x00")],
+        [_event("c", 200_000, 9)],
+        # Far behind the watermark, touching nothing held: late; b's session is gone.
+        [_event("b", 3_000, 10), _event("c", 205_000, 11, amount=None)],
+        [_event("d", 400_000, 12)],
+    ]
+    seen = _both(
+        spark,
+        tmp_path,
+        batches,
+        keys=["shop"],
+        aggregates=ALL,
+        gap_ms=10_000,
+        watermark_ms=2_000,
+        lateness_ms=20_000,
+        id_column="id",
+        dead_letters=True,
+    )
+    kinds = {r["kind"] for rows in seen for r in rows}
+    assert kinds == {"stats", "provisional", "final", "correction", "late", "closed", "dlq"}, kinds
+    retracted = [r for rows in seen for r in rows if r["kind"] == "correction" and not r["values"]]
+    assert retracted, "no session was merged away or moved"
 
 
 def test_an_unknown_engine_is_refused(spark: SparkSession, tmp_path: Path) -> None:

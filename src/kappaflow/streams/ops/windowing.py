@@ -167,7 +167,9 @@ def aggregate_windows(
         *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
     )
     if (engine or spark_engine(events)) == "jvm":
-        return _jvm_windows(selected, names, bound, size_ms, lateness_ms, id_column is not None)
+        return jvm_operator(
+            "Windows", selected, names, bound, size_ms, lateness_ms, id_column is not None
+        )
     # The folded rows reach the state packed per group: through pandas as they are.
     folded = selected.mapInArrow(Folder(bound), ddl(PACKED_GROUP))
     processor = WindowAggregator(names, bound, size_ms, lateness_ms, dedup=id_column is not None)
@@ -188,7 +190,8 @@ def spark_engine(events: DataFrame) -> str:
     return engine
 
 
-def _jvm_windows(
+def jvm_operator(
+    operator: str,
     selected: DataFrame,
     names: Sequence[str],
     bound: Sequence[Aggregate],
@@ -196,9 +199,9 @@ def _jvm_windows(
     lateness_ms: int,
     dedup: bool,
 ) -> DataFrame:
-    """The engine's window operator (io.kappaflow.engine.Windows) over ``selected``: one
-    row per event and window, as the Python operator folds them. Its rows are
-    OUTPUT_SCHEMA's, unpacked."""
+    """The engine's window operator ``operator`` (io.kappaflow.engine.Windows: one row per
+    event and window; Sessions: one per event, with the session gap as ``size_ms``) over
+    ``selected``. Its rows are OUTPUT_SCHEMA's, unpacked."""
     spec = json.dumps(
         [
             {
@@ -212,7 +215,8 @@ def _jvm_windows(
         ]
     )
     spark = selected.sparkSession
-    jdf = jvm_engine(spark).Windows.aggregate(selected._jdf, spec, size_ms, lateness_ms, dedup)
+    jvm_class = getattr(jvm_engine(spark), operator)
+    jdf = jvm_class.aggregate(selected._jdf, spec, size_ms, lateness_ms, dedup)
     return ClassicDataFrame(jdf, spark)
 
 

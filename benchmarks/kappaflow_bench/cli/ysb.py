@@ -46,7 +46,8 @@ out_option = click.option(
     "--engine",
     type=click.Choice(["spark", "spark-rt", "flink", "quix"]),
     required=True,
-    help="spark: micro-batch; spark-rt: Spark's real-time mode; flink, quix: peers",
+    help="spark: the job on kappaflow's job API (micro-batch); spark-rt: the hand-written "
+    "Spark pipeline in real-time mode; flink, quix: peers",
 )
 @sink_option
 @click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")
@@ -57,7 +58,14 @@ out_option = click.option(
 @click.option(
     "--aggregate",
     type=click.Choice(["batch", "state"]),
-    help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
+    help="spark/redis: the hand-written Spark pipeline instead of the job API's job, "
+    "its per-batch counts added to Redis (batch) or in Spark's state store (state)",
+)
+@click.option(
+    "--join",
+    type=click.Choice(["table", "map"]),
+    help="spark (the job API's job): ads to campaigns by a reference table from a "
+    "compacted topic, or a map literal in the plan [default: table]",
 )
 @click.option(
     "--rt-batch",
@@ -77,6 +85,7 @@ def ysb(
     duration: float,
     warmup: float,
     aggregate: str | None,
+    join: str | None,
     rt_batch: float | None,
     processes: int,
     partitions: int,
@@ -85,7 +94,9 @@ def ysb(
     """One Yahoo Streaming Benchmark run: windows' latency, rates and a correctness check."""
     from kappaflow_bench.ysb.bench import RunSpec, run
 
-    spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch)
+    spec = RunSpec(
+        engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch, join
+    )
     spec.validate()
     with embedded_services(ctx.settings, say):
         result = run(ctx.settings, spec, out_dir, overrides=ctx.overrides, say=say)

@@ -44,10 +44,10 @@ out_option = click.option(
 @click.command("ysb")
 @click.option(
     "--engine",
-    type=click.Choice(["spark", "spark-rt", "flink", "quix"]),
+    type=click.Choice(["kappaflow", "spark", "spark-rt", "flink", "quix"]),
     required=True,
-    help="spark: the job on kappaflow's job API (micro-batch); spark-rt: the hand-written "
-    "Spark pipeline in real-time mode; flink, quix: peers",
+    help="kappaflow: the job on kappaflow's job API; spark, spark-rt: the hand-written Spark "
+    "pipeline in micro-batch or real-time mode; flink, quix: peers",
 )
 @sink_option
 @click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")
@@ -58,13 +58,12 @@ out_option = click.option(
 @click.option(
     "--aggregate",
     type=click.Choice(["batch", "state"]),
-    help="spark/redis: the hand-written Spark pipeline instead of the job API's job, "
-    "its per-batch counts added to Redis (batch) or in Spark's state store (state)",
+    help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
 )
 @click.option(
     "--join",
     type=click.Choice(["table", "map"]),
-    help="spark (the job API's job): ads to campaigns by a reference table from a "
+    help="kappaflow (the job API's job): ads to campaigns by a reference table from a "
     "compacted topic, or a map literal in the plan [default: table]",
 )
 @click.option(

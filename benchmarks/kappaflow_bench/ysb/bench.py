@@ -59,7 +59,13 @@ from kappaflow_bench.ysb.store import (
 )
 
 #: Each engine, and the Spark job's mode for the Spark ones.
-ENGINES = {"spark": "microbatch", "spark-rt": "realtime", "flink": "-", "quix": "-"}
+ENGINES = {
+    "kappaflow": "microbatch",
+    "spark": "microbatch",
+    "spark-rt": "realtime",
+    "flink": "-",
+    "quix": "-",
+}
 PEERS = ("flink", "quix")
 SINKS = ("redis", "kafka")
 #: After the generator stops, how long the engine may take to account for every view,
@@ -85,15 +91,15 @@ class RunSpec:
     aggregate: str | None = None
     #: Real-time mode only: seconds each real-time batch runs (the pipeline's ``batch``).
     rt_batch_s: float | None = None
-    #: The job API's job only (``--engine spark`` without ``--aggregate``): how it joins
-    #: ads to campaigns, ``table`` (a reference table) or ``map`` (a map literal).
+    #: The job API's job only (``--engine kappaflow``): how it joins ads to campaigns,
+    #: ``table`` (a reference table) or ``map`` (a map literal).
     join: str | None = None
 
     @property
     def job_api(self) -> bool:
-        """Whether the run measures the job on the job API (ysb/job.py): ``--engine
-        spark`` without ``--aggregate``, which selects the hand-written pipeline."""
-        return self.engine == "spark" and self.aggregate is None
+        """Whether the run measures the job on the job API (ysb/job.py), ``--engine
+        kappaflow``; ``spark`` and ``spark-rt`` run the hand-written pipeline."""
+        return self.engine == "kappaflow"
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -114,7 +120,7 @@ class RunSpec:
         if self.rt_batch_s is not None and (self.engine != "spark-rt" or self.rt_batch_s < 1):
             raise CommandLineError("--rt-batch applies to --engine spark-rt and is at least 1 s")
         if self.join is not None and not self.job_api:
-            raise CommandLineError("--join applies to --engine spark without --aggregate")
+            raise CommandLineError("--join applies to --engine kappaflow")
         if self.join not in (None, *JOINS):
             raise CommandLineError(f"unknown join {self.join!r}: {' or '.join(JOINS)}")
         if not 0 <= self.warmup_s <= 60:

@@ -83,8 +83,8 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 
 class SparkEngine:
-    """The hand-written ``ysb`` pipeline (pipeline.py) as a kappaflow job: real-time
-    mode (``spark-rt``), and micro-batch with ``--aggregate``."""
+    """The hand-written ``ysb`` pipeline (pipeline.py) as a kappaflow job, in
+    micro-batch (``spark``) or real-time mode (``spark-rt``)."""
 
     def __init__(
         self, settings: Settings, name: str, params: dict[str, str], overrides: SettingsOverrides

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 from conftest import Result, RunCli, settings_env
 
+from kappaflow.errors import TopicNotFoundError
 from kappaflow.settings import Settings
 
 
@@ -104,3 +106,31 @@ def test_same_tools_through_the_external_cluster_path(
     assert status["kafka"]["address"] == kafka.kafka.bootstrap
     refused = cli(*external, "kafka", "stop")
     assert refused.code == 1 and "external" in refused.err
+
+
+def test_a_created_topic_has_its_leaders_when_create_returns(kafka: Settings) -> None:
+    """A job creates its topics and reads their offsets or writes to them at once: the
+    create returns only once every partition has a leader."""
+    from confluent_kafka import TopicPartition
+
+    from kappaflow.kafka.clients import cluster_metadata, consumer
+    from kappaflow.kafka.topics import create_topic, delete_topic
+
+    names = [f"leaders-{os.getpid()}-{i}" for i in range(5)]
+    try:
+        for name in names:
+            assert create_topic(kafka.kafka, name, partitions=12)
+            topic = cluster_metadata(kafka.kafka, name).topics[name]
+            assert all(p.leader >= 0 for p in topic.partitions.values())
+            reader = consumer(kafka.kafka)
+            try:
+                for partition in range(12):
+                    assert reader.get_watermark_offsets(
+                        TopicPartition(name, partition), timeout=0.5
+                    ) == (0, 0)
+            finally:
+                reader.close()
+    finally:
+        for name in names:
+            with contextlib.suppress(TopicNotFoundError):
+                delete_topic(kafka.kafka, name)

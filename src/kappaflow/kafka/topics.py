@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic
 
 from kappaflow.errors import (
@@ -15,9 +15,11 @@ from kappaflow.errors import (
     OutOfRangeError,
     TopicExistsError,
     TopicNotFoundError,
+    WaitTimeoutError,
 )
 from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe, kafka_error
 from kappaflow.settings import KafkaSettings
+from kappaflow.waiting import wait_for
 
 INTERNAL_PREFIX = "__"
 
@@ -85,7 +87,35 @@ def create_topic(
                 return False
             raise TopicExistsError(f"topic {name!r} already exists") from None
         raise refused(kafka, exc, f"cannot create topic {name!r}") from None
+    _wait_for_leaders(kafka, name, partitions)
     return True
+
+
+def _wait_for_leaders(kafka: KafkaSettings, name: str, partitions: int) -> None:
+    """Wait until every partition of the new topic ``name`` is served by its leader: the
+    broker answers a create once the controller has the topic, and a read of its offsets
+    or a transaction writing to it fails until each leader has taken its partition."""
+    reader = consumer(kafka)
+
+    def served() -> bool | None:
+        try:
+            for partition in range(partitions):
+                reader.get_watermark_offsets(TopicPartition(name, partition), timeout=1.0)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                return True  # a user who may create but not describe: nothing to wait on
+            return None  # not yet: unknown partition, or not the leader yet
+        return True
+
+    try:
+        wait_for(served, timeout=kafka.timeout_s, what=f"the leaders of topic {name!r}")
+    except WaitTimeoutError:
+        raise KafkaRequestError(
+            f"topic {name!r} was created but its partitions have no leader after "
+            f"{kafka.timeout_s:.0f}s: check the brokers (`kappaflow status`)"
+        ) from None
+    finally:
+        reader.close()
 
 
 def list_topics(kafka: KafkaSettings, *, include_internal: bool = False) -> list[dict[str, Any]]:

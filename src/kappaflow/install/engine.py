@@ -10,17 +10,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from kappaflow.errors import JarBuildError
+from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.javabuild import JDK_HOW, JavaBuild, pyspark_jars
 from kappaflow.settings import Settings
 
-ENGINE = JavaBuild(
-    jar_name="kappaflow-engine.jar",
-    folder="engine",
-    package=("io", "kappaflow", "engine"),
-    classpath=lambda: pyspark_jars(
+#: The Kafka client the tasks' transactional writer (KafkaOutput.java) compiles against:
+#: PySpark does not ship it; the Kafka connector's jars, which setup resolves, hold it.
+_CONNECTOR_JARS = ("kafka-clients-",)
+
+
+def _classpath(settings: Settings) -> list[Path]:
+    connector = [
+        jar for jar in spark_connector_jars(settings) if jar.name.startswith(_CONNECTOR_JARS)
+    ]
+    return [*_pyspark_classpath(), *connector]
+
+
+def _pyspark_classpath() -> list[Path]:
+    return pyspark_jars(
         "scala-library-*.jar",
+        "scala-reflect-*.jar",
         "spark-core_*.jar",
         "spark-common-utils-java_*.jar",
+        "spark-common-utils_*.jar",
         "spark-catalyst_*.jar",
         "spark-sql-api_*.jar",
         "spark-sql_*.jar",
@@ -31,7 +43,14 @@ ENGINE = JavaBuild(
         "jackson-databind-*.jar",
         "jackson-annotations-*.jar",
         "slf4j-api-*.jar",
-    ),
+    )
+
+
+ENGINE = JavaBuild(
+    jar_name="kappaflow-engine.jar",
+    folder="engine",
+    package=("io", "kappaflow", "engine"),
+    classpath=_classpath,
     without="the job API has no engine",
     home="kappaflow.streams.jvm",
 )

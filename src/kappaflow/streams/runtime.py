@@ -338,7 +338,12 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
     )
     user = output.stream.df.drop(*BOOKKEEPING)
     state = output.stream.state_definition
+    agg = output.aggregate
+    types = {f.name: f.dataType for f in output.stream.df.schema.fields}
     return OutputTarget(
+        aggregated=agg is not None,
+        key_types=tuple((k, types[k]) for k in agg.keys) if agg is not None else (),
+        value_names=tuple(agg.aggregates) if agg is not None else (),
         job=job.name,
         name=output.name,
         source=output.stream.source,

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
     IntegralType,
     LongType,
     StringType,
+    StructField,
     StructType,
 )
 
@@ -55,8 +56,11 @@ def unpacked(frame: DataFrame) -> DataFrame:
     """The batch's rows with a window operator's packed rows unpacked, without
     ``packed``: a ``mapInArrow`` in the tasks, partition by partition (the packing is
     the Python operator's; a JVM operator emits rows)."""
-    rest = frame.drop("packed")
-    return frame.mapInArrow(_unpack_batches, rest.schema)
+    # Every column nullable: an unpacked row may leave empty what a shaped row fills.
+    schema = StructType(
+        [StructField(f.name, f.dataType, True) for f in frame.drop("packed").schema.fields]
+    )
+    return frame.mapInArrow(_unpack_batches, schema)
 
 
 def _unpack_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

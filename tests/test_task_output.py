@@ -285,3 +285,62 @@ def test_a_large_batch_is_written_by_the_tasks_and_never_reaches_the_driver(
     )
     counted = read.agg(F.count("*").alias("n"), F.count_distinct("value").alias("d")).first()
     assert counted is not None and (counted["n"], counted["d"]) == (n, n)
+
+
+# -- the serving store, written by the tasks ----------------------------------------------
+
+
+def test_the_tasks_store_the_windows_the_driver_stored(
+    serving: Settings, spark: SparkSession
+) -> None:
+    from kappaflow.serving.client import redis_client
+    from kappaflow.streams.output.backends import BatchAccount, RedisStore
+    from kappaflow.streams.output.task_records import store_windows
+
+    table, frame = _changes(
+        spark,
+        ['["a"]', '["a"]', '["b"]', '["c"]', '["caf\u00e9 \\"x\\""]'],
+        kind=["provisional", "final", "correction", "correction", "provisional"],
+        values=['{"n":1}', '{"n":2}', '{"n":3}', None, '{"n":5}'],
+        version=[1, 2, 3, 4, 1],
+        watermark=[START, START + MINUTE, START + MINUTE, START, START],
+    )
+    client = redis_client(serving)
+    by_driver, by_tasks = (RedisStore(client, f"j{uuid.uuid4().hex[:8]}") for _ in range(2))
+    # The window c held before is removed by its retraction, by both.
+    for store in (by_driver, by_tasks):
+        client.hset(f'kf:{store.job}:o:w:["c"]', str(START), "{}")
+    account = BatchAccount({"events": 5}, START, {START: 4})
+    by_driver.apply(
+        "o", 0, table.sort_by([("key", "ascending"), ("version", "ascending")]), account
+    )
+    # The changes spread over three partitions, a window's versions in one.
+    spread = frame.repartition(3, "key")
+    assert by_tasks.write("o", store_windows(spread)) == 5
+    by_tasks.account("o", 0, account)
+
+    def held(job: str) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for name in client.keys(f"kf:{job}:o:*"):
+            kind = client.type(name)
+            text = name.decode() if isinstance(name, bytes) else name
+            short = text.removeprefix(f"kf:{job}:o:")
+            if kind == b"hash":
+                found[short] = client.hgetall(name)
+            elif kind == b"set":
+                found[short] = client.smembers(name)
+        return found
+
+    stored = held(by_tasks.job)
+    assert stored == held(by_driver.job)
+    assert json.loads(stored['w:["a"]'][str(START).encode()]) == {
+        "end": START + MINUTE,
+        "values": {"n": 2},
+        "version": 2,
+        "final": True,
+    }
+    assert 'w:["c"]' not in stored and stored["keys"] == {
+        b'["a"]',
+        b'["b"]',
+        '["caf\u00e9 \\"x\\""]'.encode(),
+    }

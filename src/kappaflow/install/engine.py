@@ -14,9 +14,10 @@ from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.javabuild import JDK_HOW, JavaBuild, pyspark_jars
 from kappaflow.settings import Settings
 
-#: The Kafka client the tasks' transactional writer (KafkaOutput.java) compiles against:
-#: PySpark does not ship it; the Kafka connector's jars, which setup resolves, hold it.
-_CONNECTOR_JARS = ("kafka-clients-",)
+#: The clients the tasks' writers compile against (KafkaOutput.java: Kafka's;
+#: RedisOutput.java: Redis's): PySpark does not ship them; the connector's jars, which
+#: setup resolves, hold them.
+_CONNECTOR_JARS = ("kafka-clients-", "jedis-")
 
 
 def _classpath(settings: Settings) -> list[Path]:

@@ -93,6 +93,15 @@ class ResultStore(Protocol):
         record JSON, in order) as its key's latest, and ``account`` once per batch id."""
         ...
 
+    def write(self, output: str, rows: DataFrame) -> int:
+        """A batch's writes (``task_records.store_windows`` or ``store_latest`` rows),
+        from the tasks holding them, each partition's at once; how many."""
+        ...
+
+    def account(self, output: str, batch_id: int, account: BatchAccount) -> None:
+        """``account`` once per batch id."""
+        ...
+
 
 def commits_topic(job: str) -> str:
     return f"{job}.commits"
@@ -350,10 +359,30 @@ class RedisStore:
             for item in zip(keys[low:end], starts[low:end], texts[low:end], strict=True):
                 items += item
             self._write(args=items)
+        self.account(output, batch_id, account)
+
+    def write(self, output: str, rows: DataFrame) -> int:
+        engine = jvm_engine(rows.sparkSession)
+        url, username, password = self._address()
+        prefix = redis_prefix(self.job, output)
+        return int(engine.RedisOutput.write(rows._jdf, prefix, url, username, password))
+
+    def account(self, output: str, batch_id: int, account: BatchAccount) -> None:
+        prefix = redis_prefix(self.job, output)
         pairs = [str(x) for name, value in sorted(account.stats.items()) for x in (name, value)]
         opened = json.dumps({str(w): n for w, n in account.held.items() if n})
         stats, watermark = prefix + "stats", account.watermark
         self._stats(args=[stats, batch_id, watermark, prefix + "open", opened, *pairs])
+
+    def _address(self) -> tuple[str, str | None, str | None]:
+        """The URL, user and password the driver's client reaches Redis with, for the
+        tasks' client."""
+        pool = self.client.connection_pool
+        given = pool.connection_kwargs
+        tls = issubclass(pool.connection_class, redis_lib.SSLConnection)
+        scheme = "rediss" if tls else "redis"
+        url = f"{scheme}://{given.get('host', 'localhost')}:{given.get('port', 6379)}"
+        return f"{url}/{given.get('db', 0)}", given.get("username"), given.get("password")
 
 
 def stored_windows(changes: pa.Table) -> tuple[list[str], list[str], list[str]]:
@@ -415,6 +444,23 @@ class MemoryStore:
                 windows.pop(window, None)
             else:
                 windows[window] = json.loads(text)
+        self.account(output, batch_id, account)
+
+    def write(self, output: str, rows: DataFrame) -> int:
+        """Collects the batch's writes: the twin lives in the driver's memory."""
+        found = rows.select("target", "key", "field", "value").toArrow().to_pylist()
+        windows = self.windows.setdefault(output, {})
+        newest = self.latest.setdefault(output, {})
+        for row in found:
+            if row["target"] == "latest":
+                newest[row["field"]] = json.loads(row["value"])
+            elif not row["value"]:  # a retracted session
+                windows.pop((row["key"], int(row["field"])), None)
+            else:
+                windows[(row["key"], int(row["field"]))] = json.loads(row["value"])
+        return len(found)
+
+    def account(self, output: str, batch_id: int, account: BatchAccount) -> None:
         if batch_id > self.applied.get(output, -1):
             totals = self.stats.setdefault(output, {})
             for name, value in account.stats.items():

@@ -303,6 +303,50 @@ def late_records(
     )
 
 
+# -- the serving store -------------------------------------------------------------------
+
+
+def store_windows(frame: DataFrame) -> DataFrame:
+    """The serving store's writes of the batch's changes (RedisOutput.java's rows): per
+    change, its key, its window's start and what the store holds for the window,
+    ``{"end", "values", "version", "final"}`` (``backends.stored_windows``'s text), or
+    ``""`` for a retraction; each window's versions in order within its partition."""
+    changes = frame.where(F.col("kind").isin(*CHANGES)).sortWithinPartitions(
+        "key", "window_start", "version"
+    )
+    kind, end = F.col("kind"), F.col("window_end")
+    final = (kind == "final") | ((kind == "correction") & (end <= F.col("watermark")))
+    held = F.concat(
+        F.lit('{"end":'),
+        end.cast("string"),
+        F.lit(',"values":'),
+        F.col("values"),
+        F.lit(',"version":'),
+        F.col("version").cast("string"),
+        F.lit(',"final":'),
+        F.when(final, F.lit("true")).otherwise(F.lit("false")),
+        F.lit("}"),
+    )
+    return changes.select(
+        F.lit("w").alias("target"),
+        F.col("key"),
+        F.col("window_start").cast("string").alias("field"),
+        F.when(F.col("values").isNull(), F.lit("")).otherwise(held).alias("value"),
+    )
+
+
+def store_latest(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """A keyed stream's records as each key's latest (key JSON → record JSON), in the
+    batch's order."""
+    rows = frame.where(F.col("kind") == RECORD)
+    return rows.select(
+        F.lit("latest").alias("target"),
+        F.lit(None).cast("string").alias("key"),
+        _java(frame, "pick", _jc(F.col("row")), json.dumps(list(keys))).alias("field"),
+        F.col("row").alias("value"),
+    )
+
+
 # -- the lake ----------------------------------------------------------------------------
 
 

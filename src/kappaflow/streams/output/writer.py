@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +60,8 @@ from kappaflow.streams.output.task_records import (
     lake_change_rows,
     lake_stream_rows,
     late_records,
+    store_latest,
+    store_windows,
     stream_records,
     too_late,
     unpacked,
@@ -125,11 +127,11 @@ class OutputWriter:
     """The ``foreachBatch`` function of one output.
 
     The batch's rows stay in Spark's tasks: the driver runs a few Spark jobs over them
-    and gets back only counts (``_Tally``). The tasks write the lake's files and the
-    Kafka records, each task its partition of the batch, once (``Publisher.write``);
-    the driver then commits the lake batch's metadata and the output's marker. The one
-    exception is the serving store: an output written to Redis still collects its
-    changes (or a keyed stream's records) to the driver, which writes them.
+    and gets back only counts (``_Tally``). The tasks write the serving store (each
+    partition's writes in one MULTI/EXEC), the lake's files and the Kafka records (each
+    task its partition of the batch, once: ``Publisher.write``); the driver then adds the
+    batch's account to the store and commits the lake batch's metadata and the output's
+    marker. Only the test harness's in-memory twins collect, what they keep.
     """
 
     def __init__(
@@ -264,22 +266,15 @@ class OutputWriter:
         return records
 
     def _store(self, rows: DataFrame, batch_id: int, account: BatchAccount) -> None:
-        """Write the batch to the serving store from the driver.
-
-        DRIVER-SIDE: the one path that still collects a batch's changes (or a keyed
-        stream's records) to the driver; it moves to the tasks with a Java Redis
-        client."""
+        """The batch's windows (or a keyed stream's latest records) written to the
+        serving store by the tasks holding them; the batch's account from the driver."""
         assert self.store is not None
         target = self.target
-        columns = ["kind", "key", "window_start", "window_end", "values", "version", "watermark"]
-        changes = _sorted_changes(
-            rows.where(F.col("kind").isin(*CHANGES)).select(columns).toArrow()
-        )
-        latest: list[tuple[str, str]] = []
-        if not target.keys and not target.aggregated and target.source.keys:
-            records = rows.where(F.col("kind") == RECORD).select("row").toArrow()
-            latest = _latest_records(target.source.keys, records)
-        self.store.apply(target.name, batch_id, changes, account, latest)
+        if target.keys or target.aggregated:
+            self.store.write(target.name, store_windows(rows))
+        elif target.source.keys:
+            self.store.write(target.name, store_latest(rows, target.source.keys))
+        self.store.account(target.name, batch_id, account)
 
     def _lake_frame(self, rows: DataFrame) -> DataFrame:
         """The rows the lake gets: a stream's typed rows, or an aggregate's changes with a
@@ -380,16 +375,6 @@ class _Tally:
         return (self.changes + self.records) * topics + self.dead
 
 
-def _latest_records(keys: Sequence[str], records: pa.Table) -> list[tuple[str, str]]:
-    """A keyed stream's records as (key JSON, record JSON), in order: each key's last is
-    its latest."""
-    out = []
-    for text in records["row"].to_pylist():
-        row = json.loads(text)
-        out.append((json.dumps([row.get(k) for k in keys]), text))
-    return out
-
-
 class _Laps:
     """Where a batch's time went: each lap is the time since the one before."""
 
@@ -454,12 +439,6 @@ def _key_items(keys: pa.ChunkedArray, n: int) -> list[Column]:
 
 def _bytes(texts: Column) -> list[bytes]:
     return list(pc.cast(texts, pa.binary()).to_pylist())
-
-
-def _sorted_changes(changes: pa.Table) -> pa.Table:
-    return changes.sort_by(
-        [("key", "ascending"), ("window_start", "ascending"), ("version", "ascending")]
-    )
 
 
 def _added(totals: dict[str, int], batch: dict[str, int]) -> dict[str, int]:

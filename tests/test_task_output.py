@@ -160,7 +160,7 @@ def test_each_partition_of_a_batch_is_written_once_and_a_zombie_is_fenced(
 
     def write(frame: DataFrame, b: int) -> dict[str, int]:
         done = engine.KafkaOutput.write(
-            frame._jdf, job, "o", b, commits_topic(job), "{}", _config(kafka)
+            frame._jdf, job, "o", b, b - 1, commits_topic(job), "{}", _config(kafka)
         )
         return dict(json.loads(done))
 
@@ -188,8 +188,8 @@ def test_each_partition_of_a_batch_is_written_once_and_a_zombie_is_fenced(
     expected = {f"b{b}-{i}".encode() for b in (0, 1) for i in range(90)}
     assert len(values) == 180 and set(values) == expected
     markers = [json.loads(v) for v in _values(kafka, commits_topic(job))]
-    assert sorted((m["batch_id"], m["partition"]) for m in markers) == [
-        (b, p) for b in (0, 1) for p in range(3)
+    assert sorted((m["written_batch"], m["partition"], m["batch_id"]) for m in markers) == [
+        (b, p, b - 1) for b in (0, 1) for p in range(3)
     ]
 
 

@@ -6,7 +6,9 @@ Each has an in-memory twin with the same contract, which the test harness
 Kafka: the tasks holding a batch's records write them, each its partition of the batch
 in a transaction of its own with a marker of that partition in the job's compacted
 ``JOB.commits`` topic (key ``OUTPUT#pN``; KafkaOutput.java in the engine jar); a
-partition whose marker is committed is not written again. Then the driver commits the
+partition whose marker is committed is not written again. A task's marker names the
+batch it wrote ``written_batch``; its ``batch_id`` is the output's batch committed before
+(so the topic's highest ``batch_id`` is always an output's own marker). Then the driver commits the
 output's marker for the batch (key: the output's name) in a transaction of its own; a
 batch whose marker is committed is not published again, and the fixed transactional ids
 fence off the producers of a driver that died mid-transaction. Redis: writes are idempotent (a
@@ -144,13 +146,15 @@ class KafkaPublisher:
             engine.KafkaOutput.fence(self.job, output, partitions + _FENCE_MARGIN, config)
             self._fenced.add(output)
         # The markers of this batch's partitions are past where the last batch's ended.
-        since = (self._committed.get(output) or {}).get("tasks_from", {})
+        last = self._committed.get(output) or {}
+        since = last.get("tasks_from", {})
         done = json.loads(
             engine.KafkaOutput.write(
                 records._jdf,
                 self.job,
                 output,
                 batch_id,
+                int(last.get("batch_id", -1)),
                 commits_topic(self.job),
                 json.dumps(since),
                 config,

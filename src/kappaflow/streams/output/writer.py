@@ -226,8 +226,9 @@ class OutputWriter:
             laps.lap("kafka")
             self._step("after-kafka", batch_id)
         finally:
-            if late_events is not None:
-                late_events.unpersist()
+            for held in (late_rows, late_events):
+                if held is not None:
+                    held.unpersist()
         print(
             f"output {target.name} batch {batch_id}: {tally.changes} changes, "
             f"{tally.records} records, {late} late, {tally.dead} dead letters in {laps}",

@@ -48,7 +48,8 @@ public final class KafkaOutput {
    * Writes {@code records} (columns {@code topic} string, {@code key} binary, {@code value}
    * binary; others are ignored) for batch {@code batchId} of {@code output}; returns JSON with
    * the batch's {@code records}, those {@code written} now, and the partitions {@code skipped}
-   * (committed before). {@code markersFrom} is JSON: marker topic partition to the offset from
+   * (committed before). {@code committed} is the output's last batch whose marker the driver
+   * committed (-1 for none). {@code markersFrom} is JSON: marker topic partition to the offset from
    * which this batch's markers may be (earlier ones are of batches committed before). {@code
    * configJson}: the Kafka client's properties (bootstrap, security).
    */
@@ -57,12 +58,20 @@ public final class KafkaOutput {
       String job,
       String output,
       long batchId,
+      long committed,
       String markerTopic,
       String markersFrom,
       String configJson)
       throws Exception {
     Task task =
-        new Task(job, output, batchId, markerTopic, readMap(markersFrom), readMap(configJson));
+        new Task(
+            job,
+            output,
+            batchId,
+            committed,
+            markerTopic,
+            readMap(markersFrom),
+            readMap(configJson));
     Dataset<Row> rows = records.select("topic", "key", "value");
     List<long[]> counts = rows.mapPartitions(task, Encoders.javaSerialization(long[].class))
         .collectAsList();
@@ -128,6 +137,7 @@ public final class KafkaOutput {
     private final String job;
     private final String output;
     private final long batchId;
+    private final long committed;
     private final String markerTopic;
     private final HashMap<String, String> markersFrom;
     private final HashMap<String, String> config;
@@ -136,12 +146,14 @@ public final class KafkaOutput {
         String job,
         String output,
         long batchId,
+        long committed,
         String markerTopic,
         Map<String, String> markersFrom,
         Map<String, String> config) {
       this.job = job;
       this.output = output;
       this.batchId = batchId;
+      this.committed = committed;
       this.markerTopic = markerTopic;
       this.markersFrom = new HashMap<>(markersFrom);
       this.config = new HashMap<>(config);
@@ -174,10 +186,16 @@ public final class KafkaOutput {
             producer.send(new ProducerRecord<>(row.getString(0), key, (byte[]) row.get(2)));
             n++;
           }
+          // The batch written is "written_batch"; "batch_id" and "totals" name the output's
+          // batch committed before it, so that a reader taking the marker of the highest
+          // "batch_id" in the topic finds the output's own marker of that batch, which is
+          // earlier in the log.
           Map<String, Object> marker = new HashMap<>();
           marker.put("output", output);
           marker.put("partition", partition);
-          marker.put("batch_id", batchId);
+          marker.put("written_batch", batchId);
+          marker.put("batch_id", committed);
+          marker.put("totals", Map.of());
           marker.put("records", n);
           byte[] key = markerKey(output, partition).getBytes(StandardCharsets.UTF_8);
           producer.send(new ProducerRecord<>(markerTopic, key, JSON.writeValueAsBytes(marker)));
@@ -249,7 +267,10 @@ public final class KafkaOutput {
             }
             Map<String, Object> marker =
                 JSON.readValue(record.value(), new TypeReference<Map<String, Object>>() {});
-            found = Math.max(found, ((Number) marker.get("batch_id")).longValue());
+            Object written = marker.get("written_batch");
+            if (written instanceof Number) {
+              found = Math.max(found, ((Number) written).longValue());
+            }
           }
         }
       }

@@ -37,3 +37,19 @@ def test_the_jar_is_rebuilt_when_its_sources_change(kafka: Settings) -> None:
     assert ENGINE.jar(kafka) is None
     assert engine_jar(kafka) == jar
     assert ENGINE.jar(kafka) == jar
+
+
+def test_without_javac_setup_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kappaflow.errors import SetupError
+    from kappaflow.install import jdk
+
+    monkeypatch.setattr(jdk, "jdk_tool", lambda name: None)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(SetupError, match=r"javac not found: .*sudo apt-get install openjdk-17"):
+        jdk.ensure_javac()
+
+
+def test_with_javac_setup_installs_nothing() -> None:
+    from kappaflow.install import jdk
+
+    assert jdk.ensure_javac() is None

@@ -13,6 +13,7 @@ COMMANDS = (
     "api",
     "iot-ingest",
     "iot-latency",
+    "scale-out",
     "ysb",
     "ysb-sweep",
     "ysb-generator",
@@ -43,3 +44,12 @@ def test_api_misuse_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kappaflow-bench: error[KF001]: "), err
     assert "'--repeat': 0 is not in the range" in err[0], err
+
+
+def test_scale_out_misuse_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scale-out", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kappaflow-bench: error[KF001]: "), err
+    assert "--workers" in err[0] and "two worker counts" in err[0], err
+    assert main(["scale-out", "--workers", "1,x"]) == 2
+    assert "not a list of numbers: '1,x'" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import click
 from kappaflow import __version__
 from kappaflow.cli import run_cli
 from kappaflow.cli.context import Context, settings_options
-from kappaflow_bench.cli import api, count, iot, push, ysb
+from kappaflow_bench.cli import api, count, iot, nexmark, push, scale_out, ysb
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -26,7 +26,7 @@ def cli(
     redis_url: str | None,
 ) -> None:
     """kappaflow's benchmarks: the counting job, the job API against it, and the Yahoo
-    Streaming Benchmark on kappaflow and its peers (Flink, Quix Streams).
+    Streaming Benchmark and Nexmark on kappaflow and its peers (Flink, Quix Streams).
 
     The settings are kappaflow's own, from the same flags, KAPPAFLOW_* environment
     variables and kappaflow.toml.
@@ -36,7 +36,15 @@ def cli(
     )
 
 
-for _command in (*count.COMMANDS, *api.COMMANDS, *iot.COMMANDS, *push.COMMANDS, *ysb.COMMANDS):
+for _command in (
+    *count.COMMANDS,
+    *api.COMMANDS,
+    *iot.COMMANDS,
+    *push.COMMANDS,
+    *scale_out.COMMANDS,
+    *ysb.COMMANDS,
+    *nexmark.COMMANDS,
+):
     cli.add_command(_command)
 
 

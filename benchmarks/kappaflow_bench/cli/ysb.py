@@ -44,9 +44,10 @@ out_option = click.option(
 @click.command("ysb")
 @click.option(
     "--engine",
-    type=click.Choice(["spark", "spark-rt", "flink", "quix"]),
+    type=click.Choice(["kappaflow", "spark", "spark-rt", "flink", "quix"]),
     required=True,
-    help="spark: micro-batch; spark-rt: Spark's real-time mode; flink, quix: peers",
+    help="kappaflow: the job on kappaflow's job API; spark, spark-rt: the hand-written Spark "
+    "pipeline in micro-batch or real-time mode; flink, quix: peers",
 )
 @sink_option
 @click.option("--rate", type=click.IntRange(min=1), required=True, help="events/s offered")
@@ -58,6 +59,12 @@ out_option = click.option(
     "--aggregate",
     type=click.Choice(["batch", "state"]),
     help="spark/redis: per-batch counts added to Redis (default) or Spark's state store",
+)
+@click.option(
+    "--join",
+    type=click.Choice(["table", "map"]),
+    help="kappaflow (the job API's job): ads to campaigns by a reference table from a "
+    "compacted topic, or a map literal in the plan [default: table]",
 )
 @click.option(
     "--rt-batch",
@@ -77,6 +84,7 @@ def ysb(
     duration: float,
     warmup: float,
     aggregate: str | None,
+    join: str | None,
     rt_batch: float | None,
     processes: int,
     partitions: int,
@@ -85,7 +93,9 @@ def ysb(
     """One Yahoo Streaming Benchmark run: windows' latency, rates and a correctness check."""
     from kappaflow_bench.ysb.bench import RunSpec, run
 
-    spec = RunSpec(engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch)
+    spec = RunSpec(
+        engine, sink, rate, duration, processes, partitions, warmup, aggregate, rt_batch, join
+    )
     spec.validate()
     with embedded_services(ctx.settings, say):
         result = run(ctx.settings, spec, out_dir, overrides=ctx.overrides, say=say)

@@ -10,24 +10,39 @@ holds the same pairs either way).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kappaflow.errors import CommandLineError, TopicNotFoundError
+from kappaflow.errors import CommandLineError, JobError, TopicNotFoundError
+from kappaflow.kafka.clients import producer
+from kappaflow.kafka.records import produce_with_retry
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS, create_topic, delete_topic
+from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.waiting import wait_for
 from kappaflow_bench.report import machine
 from kappaflow_bench.ysb.check import compare, expected_counts
-from kappaflow_bench.ysb.engines import AppEngine, Engine, FlinkEngine, QuixEngine, SparkEngine
+from kappaflow_bench.ysb.engines import (
+    ApiEngine,
+    AppEngine,
+    Engine,
+    FlinkEngine,
+    QuixEngine,
+    SparkEngine,
+    cpu_seconds,
+)
 from kappaflow_bench.ysb.generator import generate, run_processes
+from kappaflow_bench.ysb.job import JOINS, OUTPUT
 from kappaflow_bench.ysb.results import (
+    JobWindows,
     KafkaWindows,
     RunResult,
     latency_summary,
@@ -44,7 +59,13 @@ from kappaflow_bench.ysb.store import (
 )
 
 #: Each engine, and the Spark job's mode for the Spark ones.
-ENGINES = {"spark": "microbatch", "spark-rt": "realtime", "flink": "-", "quix": "-"}
+ENGINES = {
+    "kappaflow": "microbatch",
+    "spark": "microbatch",
+    "spark-rt": "realtime",
+    "flink": "-",
+    "quix": "-",
+}
 PEERS = ("flink", "quix")
 SINKS = ("redis", "kafka")
 #: After the generator stops, how long the engine may take to account for every view,
@@ -70,6 +91,15 @@ class RunSpec:
     aggregate: str | None = None
     #: Real-time mode only: seconds each real-time batch runs (the pipeline's ``batch``).
     rt_batch_s: float | None = None
+    #: The job API's job only (``--engine kappaflow``): how it joins ads to campaigns,
+    #: ``table`` (a reference table) or ``map`` (a map literal).
+    join: str | None = None
+
+    @property
+    def job_api(self) -> bool:
+        """Whether the run measures the job on the job API (ysb/job.py), ``--engine
+        kappaflow``; ``spark`` and ``spark-rt`` run the hand-written pipeline."""
+        return self.engine == "kappaflow"
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -89,6 +119,10 @@ class RunSpec:
             raise CommandLineError(f"unknown aggregate {self.aggregate!r}: batch or state")
         if self.rt_batch_s is not None and (self.engine != "spark-rt" or self.rt_batch_s < 1):
             raise CommandLineError("--rt-batch applies to --engine spark-rt and is at least 1 s")
+        if self.join is not None and not self.job_api:
+            raise CommandLineError("--join applies to --engine kappaflow")
+        if self.join not in (None, *JOINS):
+            raise CommandLineError(f"unknown join {self.join!r}: {' or '.join(JOINS)}")
         if not 0 <= self.warmup_s <= 60:
             raise CommandLineError("--warmup must be between 0 and 60 seconds")
 
@@ -122,11 +156,14 @@ def run(
     create_topic(settings.kafka, topic, partitions=spec.partitions)
     topics = [topic]
     params = {"source": topic, "mode": ENGINES[spec.engine], "sink": spec.sink}
+    if spec.job_api:
+        params = _job_params(settings, store, topic, run_id, spec, out_dir)
+        topics.append(params["ads"])
     if spec.aggregate is not None:
         params["aggregate"] = spec.aggregate
     if spec.rt_batch_s is not None:
         params["batch"] = f"{spec.rt_batch_s:g}s"
-    if spec.sink == "kafka":
+    if spec.sink == "kafka" or spec.job_api:
         # The broker stamps each output record when it appends it: latency is measured
         # on the broker's clock, as the later Databricks and Flink comparisons did.
         create_topic(
@@ -140,7 +177,9 @@ def run(
     job = f"ysb-{spec.engine}-{run_id}"
     job_overrides = spark_overrides(settings, spec).over(overrides)
     engine: Engine
-    if spec.engine == "quix":
+    if spec.job_api:
+        engine = ApiEngine(settings, job, params, job_overrides)
+    elif spec.engine == "quix":
         engine = QuixEngine(settings, job, params)
     elif spec.engine == "flink":
         engine = FlinkEngine(settings, job, params, partitions=spec.partitions)
@@ -162,6 +201,7 @@ def run(
         },
     )
     output: KafkaWindows | None = None
+    read: Callable[[], list[WindowStat]]
     try:
         say(f"starting {job} ({spec.engine}, sink {spec.sink})")
         if isinstance(engine, AppEngine) and not engine.python.exists():
@@ -170,14 +210,19 @@ def run(
         if isinstance(engine, AppEngine):
             result.config["engine"] = engine.describe()
 
-        if spec.sink == "kafka":
+        if spec.sink == "kafka" or spec.job_api:
             output = KafkaWindows(settings.kafka, dest)
-
-        def read() -> list[WindowStat]:
-            return get_stats(store) if output is None else output.read()
+        if spec.job_api and spec.sink == "redis":
+            assert output is not None
+            read = JobWindows(redis_client(settings), job, OUTPUT, output).read
+        elif output is not None:
+            read = output.read
+        else:
+            read = partial(get_stats, store)
 
         say(f"warming up: {max(PRIME_MIN_EVENTS, int(spec.rate * spec.warmup_s)):,} events")
         _prime(settings, topic, ads[0], read, spec)
+        cpu_at_start = cpu_seconds(engine.pid())
         say(f"generating {spec.rate:,} events/s for {spec.duration_s:g}s")
         gen = run_processes(
             settings.kafka.client_config(),
@@ -196,6 +241,10 @@ def run(
         result.events, result.views = expected.events, expected.views
         stats = _drain(read, expected.views)
         result.drain_s = round(time.monotonic() - generated_at, 1)
+        cpu_at_end = cpu_seconds(engine.pid())
+        if cpu_at_start is not None and cpu_at_end is not None and cpu_at_end > cpu_at_start:
+            result.engine_cpu_s = round(cpu_at_end - cpu_at_start, 1)
+            result.events_per_cpu_s = round(gen.events / result.engine_cpu_s)
     finally:
         if output is not None:
             output.close()
@@ -224,6 +273,36 @@ def run(
         )
     write_outputs(out_dir, result, stats, measured_from)
     return result
+
+
+def _job_params(
+    settings: Settings, store: Any, topic: str, run_id: str, spec: RunSpec, out_dir: Path
+) -> dict[str, str]:
+    """The job API job's parameters, and its ad table: the compacted topic
+    ``ysb.ads.<run>`` holding every ad of the YSB database as ``{"ad_id",
+    "campaign_id"}`` keyed by ad (and, for ``--join map``, the same pairs in a JSON file
+    beside the run's results)."""
+    table = ad_campaigns(store)
+    ads = f"ysb.ads.{run_id}"
+    create_topic(settings.kafka, ads, partitions=1, configs={"cleanup.policy": "compact"})
+    writer = producer(settings.kafka)
+    for ad, campaign in sorted(table.items()):
+        value = json.dumps({"ad_id": ad, "campaign_id": campaign}).encode()
+        produce_with_retry(writer, ads, value, ad.encode())
+    if writer.flush(60):
+        raise JobError(f"could not write the ad table to {ads!r}")
+    params = {
+        "source": topic,
+        "ads": ads,
+        "store": "yes" if spec.sink == "redis" else "no",
+        "join": spec.join or "table",
+    }
+    if params["join"] == "map":
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = (out_dir / "ads.json").resolve()
+        path.write_text(json.dumps(table))
+        params["ads_file"] = str(path)
+    return params
 
 
 def _prime(

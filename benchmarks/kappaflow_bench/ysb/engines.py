@@ -18,11 +18,14 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import psutil
+
 import kappaflow
 import kappaflow_bench
-from kappaflow.errors import JobError, SetupError, TopicNotFoundError
+from kappaflow.errors import JobError, KappaflowError, SetupError, TopicNotFoundError
 from kappaflow.install.artifacts import JarSet, resolve
-from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.manager import ACTIVE_STATES, JobManager
+from kappaflow.jobs.removal import remove_job
 from kappaflow.kafka.topics import create_topic, delete_topic, list_topics
 from kappaflow.settings import Settings, SettingsOverrides
 from kappaflow.waiting import wait_for
@@ -56,9 +59,32 @@ class Engine(Protocol):
 
     def versions(self) -> dict[str, str]: ...
 
+    def pid(self) -> int | None:
+        """The engine's process (its job's driver, its app), while it runs."""
+        ...
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds (user and system) a process and its descendants have used so far:
+    those running, and those that ended and were waited for (in their parent's
+    ``children_*`` times). None when the process is gone."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        total = 0.0
+        for proc in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = proc.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+        return total
+    except psutil.NoSuchProcess:
+        return None
+
 
 class SparkEngine:
-    """The ``ysb`` pipeline as a kappaflow job (micro-batch or real-time mode)."""
+    """The hand-written ``ysb`` pipeline (pipeline.py) as a kappaflow job, in
+    micro-batch (``spark``) or real-time mode (``spark-rt``)."""
 
     def __init__(
         self, settings: Settings, name: str, params: dict[str, str], overrides: SettingsOverrides
@@ -93,6 +119,46 @@ class SparkEngine:
         import pyspark
 
         return {"engine": f"pyspark {pyspark.__version__}"}
+
+    def pid(self) -> int | None:
+        return self.jobs.get(self.name).pid
+
+
+class ApiEngine:
+    """The YSB job on kappaflow's job API (ysb/job.py), started as ``kappaflow jobs
+    start NAME --app kappaflow_bench.ysb.job:build`` starts a user's job; stopped, it is
+    removed as ``kappaflow jobs remove`` removes one (checkpoint, ``JOB.*`` topics,
+    serving-store keys)."""
+
+    app = "kappaflow_bench.ysb.job:build"
+
+    def __init__(
+        self, settings: Settings, name: str, params: dict[str, str], overrides: SettingsOverrides
+    ) -> None:
+        self.settings = settings
+        self.name = name
+        self.params = params
+        self.overrides = overrides
+        self.jobs = JobManager(settings)
+
+    def start(self) -> None:
+        self.jobs.start(self.name, self.app, self.params, overrides=self.overrides)
+
+    def stop(self, log_to: Path) -> None:
+        if self.jobs.get_state(self.name) in ACTIVE_STATES:
+            self.jobs.stop(self.name)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(self.jobs.job_dir(self.name) / "driver.log", log_to)
+        with contextlib.suppress(KappaflowError):
+            remove_job(self.settings, self.name)
+
+    def versions(self) -> dict[str, str]:
+        import pyspark
+
+        return {"engine": f"pyspark {pyspark.__version__}", "kappaflow": kappaflow.__version__}
+
+    def pid(self) -> int | None:
+        return self.jobs.get(self.name).pid
 
 
 class AppEngine:
@@ -202,6 +268,9 @@ class AppEngine:
         with contextlib.suppress(FileNotFoundError):
             shutil.copyfile(self.log, log_to)
             self.log.unlink()
+
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     def clean_up(self) -> None:
         """Remove what the app created for this run (topics, state)."""

@@ -14,9 +14,11 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import redis
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from kappaflow.errors import KafkaClusterError
@@ -24,7 +26,7 @@ from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import KafkaSettings
 from kappaflow_bench.report import percentile, write_json
-from kappaflow_bench.ysb.store import WindowStat
+from kappaflow_bench.ysb.store import WindowStat, job_windows
 from kappaflow_bench.ysb.workload import WINDOW_MS
 
 PERCENTILES = (1, 10, 25, 50, 75, 90, 99, 100)
@@ -49,6 +51,10 @@ class RunResult:
     mismatched_windows: int = 0
     mismatches: list[dict[str, object]] = field(default_factory=list)
     drain_s: float | None = None
+    #: CPU seconds the engine's processes used from the measured schedule's start to the
+    #: end of the drain, and the measured events per such second: events/s per core.
+    engine_cpu_s: float | None = None
+    events_per_cpu_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def summary_rows(self) -> list[list[str]]:
@@ -69,6 +75,12 @@ class RunResult:
                 " / ".join(ms(k) for k in ("p50", "p90", "p99", "max")),
             ],
             ["mismatched windows", str(self.mismatched_windows)],
+            [
+                "engine CPU / events per CPU-second",
+                "-"
+                if self.engine_cpu_s is None or self.events_per_cpu_s is None
+                else f"{self.engine_cpu_s:,.1f} s / {self.events_per_cpu_s:,.0f}",
+            ],
         ]
 
 
@@ -90,6 +102,10 @@ def latency_summary(latencies: Sequence[int]) -> dict[str, int | None]:
 
 class KafkaWindows:
     """The Kafka sink's windows: each window's last record, its count and timestamp.
+
+    Records are ``{"campaign_id", "window_start" (ms), "seen_count"}`` (the peers' and
+    the hand-written Spark job's) or the job API's changelog records. The consumer reads
+    ``read_committed``: the job API publishes each batch in a transaction.
 
     Keeps its consumer between calls: every ``read`` goes on from where the last one
     stopped, up to the end the topic has when it is called.
@@ -124,15 +140,60 @@ class KafkaWindows:
                 if message.value() is None:
                     continue  # a tombstone (Flink's retraction of a count): no count
                 record = json.loads(message.value() or b"{}")
-                key = (str(record["campaign_id"]), int(record["window_start"]))
-                # A campaign's records share a partition (keyed by campaign), in order.
-                self._latest[key] = WindowStat(
-                    key[0], key[1], int(record["seen_count"]), message.timestamp()[1]
-                )
+                if "values" in record:
+                    # The job API's changelog: ``window_start`` ISO-8601, the count in
+                    # ``values`` (never null for a tumbling window).
+                    start = datetime.fromisoformat(record["window_start"])
+                    key = (str(record["campaign_id"]), int(start.timestamp() * 1000))
+                    seen = int(record["values"]["seen_count"])
+                else:
+                    key = (str(record["campaign_id"]), int(record["window_start"]))
+                    seen = int(record["seen_count"])
+                # A window's records share a partition (keyed by campaign, or by campaign
+                # and window), in order.
+                self._latest[key] = WindowStat(key[0], key[1], seen, message.timestamp()[1])
+            # A transaction's commit marker takes an offset no message has: the position
+            # moves past it, and past aborted records.
+            for at in self._reader.position([TopicPartition(self.topic, p) for p in ends]):
+                if at.offset >= 0:
+                    self._next[at.partition] = max(self._next[at.partition], at.offset)
         return sorted(self._latest.values(), key=lambda s: (s.window_start, s.campaign))
 
     def close(self) -> None:
         self._reader.close()
+
+
+class JobWindows:
+    """The windows of the YSB job on the job API (ysb/job.py) with the Redis sink: each
+    window's count as the serving store holds it, and the time of its last write as the
+    broker's append time of the window's last changelog record in ``topic``.
+
+    The job writes a batch's changes to Redis first, then publishes them in one Kafka
+    transaction: the append time is when the count reached the log, just after it
+    reached the store. A read retries the topic a few times while it is behind the store
+    (a transaction under way)."""
+
+    def __init__(self, store: redis.Redis, job: str, output: str, changelog: KafkaWindows):
+        self.store = store
+        self.job = job
+        self.output = output
+        self.changelog = changelog
+
+    def read(self) -> list[WindowStat]:
+        counts = job_windows(self.store, self.job, self.output)
+        for _ in range(20):
+            logged = {(s.campaign, s.window_start): s for s in self.changelog.read()}
+            if all(
+                (got := logged.get(w)) is not None and got.seen_count == n
+                for w, n in counts.items()
+            ):
+                break
+            time.sleep(0.1)
+        stats = [
+            WindowStat(c, w, n, logged[(c, w)].time_updated if (c, w) in logged else 0)
+            for (c, w), n in counts.items()
+        ]
+        return sorted(stats, key=lambda s: (s.window_start, s.campaign))
 
 
 def write_outputs(

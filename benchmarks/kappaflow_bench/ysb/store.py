@@ -21,6 +21,7 @@ micro-batch replayed after a crash) harmless.
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Iterable, Sequence
@@ -210,3 +211,23 @@ def get_stats(store: redis.Redis) -> list[WindowStat]:
         if seen is not None and updated is not None:
             stats.append(WindowStat(campaign, start, int(seen), int(updated)))
     return stats
+
+
+def job_windows(client: redis.Redis, job: str, output: str) -> dict[tuple[str, int], int]:
+    """The counts a job on the job API holds in the serving store: (campaign, window
+    start ms) -> ``seen_count``, read from its layout (``kf:JOB:OUTPUT:keys``, the set of
+    key JSON arrays, and per key the hash ``kf:JOB:OUTPUT:w:KEY`` of window start ->
+    ``{"end", "values": {"seen_count"}, "version", "final"}``)."""
+    prefix = f"kf:{job}:{output}:"
+    keys = sorted(_text(k) for k in client.smembers(prefix + "keys"))
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(prefix + "w:" + key)
+    found: dict[tuple[str, int], int] = {}
+    for key, windows in zip(keys, pipe.execute(), strict=True):
+        (campaign,) = json.loads(key)
+        for start, held in windows.items():
+            values = json.loads(held)["values"]
+            if values is not None:
+                found[(str(campaign), int(start))] = int(values["seen_count"])
+    return found

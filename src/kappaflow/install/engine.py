@@ -12,6 +12,7 @@ from pathlib import Path
 from kappaflow.errors import JarBuildError
 from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.javabuild import JDK_HOW, JavaBuild, pyspark_jars
+from kappaflow.install.jdk import ensure_javac
 from kappaflow.settings import Settings
 
 #: The clients the tasks' writers compile against (KafkaOutput.java: Kafka's;
@@ -58,11 +59,15 @@ ENGINE = JavaBuild(
 
 
 def build_engine(settings: Settings) -> str | None:
-    """Compile the engine's jar if it is missing or stale; return what was done."""
+    """Compile the engine's jar if it is missing or stale (installing the JDK first where
+    setup can); return what was done."""
+    if ENGINE.jar(settings) is not None:
+        return None
+    installed = ensure_javac()
     built = ENGINE.build(settings)
     if ENGINE.jar(settings) is None:
         raise JarBuildError(built or f"kappaflow-engine.jar was not built; {JDK_HOW}")
-    return built
+    return "; ".join(line for line in (installed, built) if line) or None
 
 
 def engine_jar(settings: Settings) -> Path:

@@ -9,9 +9,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kappaflow.errors import JavaNotFoundError, JavaTooOldError
+from kappaflow.errors import JavaNotFoundError, JavaTooOldError, SetupError
+from kappaflow.install.system import apt_install, last_line
 
 MIN_JAVA = 17
+#: Debian's JDK, which setup installs when ``javac`` is missing and it runs as root.
+JDK_PACKAGE = "openjdk-17-jdk-headless"
 
 _HOW = (
     "install a JDK 17 or newer (Debian/Ubuntu: sudo apt-get install openjdk-17-jdk-headless) "
@@ -68,3 +71,21 @@ def _major(version: str) -> int:
     if numbers[0] == 1 and len(numbers) > 1:
         return numbers[1]
     return numbers[0]
+
+
+def ensure_javac() -> str | None:
+    """Make sure the JDK's ``javac`` is there (the engine's jar is compiled with it):
+    installed with apt-get when it is missing and this runs as root; a SetupError with
+    the command to run otherwise. Returns what was done, if anything."""
+    if jdk_tool("javac") is not None:
+        return None
+    hint = f"sudo apt-get install {JDK_PACKAGE}"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise SetupError(
+            f"javac not found: kappaflow compiles its engine with a JDK 17 or newer, and a "
+            f"JRE has none. Run `{hint}` (or set JAVA_HOME to a JDK), then make setup again"
+        )
+    result = apt_install(JDK_PACKAGE)
+    if result.returncode != 0 or jdk_tool("javac") is None:
+        raise SetupError(f"apt-get could not install {JDK_PACKAGE}: {last_line(result)}")
+    return f"installed {JDK_PACKAGE} from the system's packages (apt-get) for javac"

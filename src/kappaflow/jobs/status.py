@@ -52,7 +52,7 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
             "events_read": _events_read(settings, name, output, status.get("batch_id")),
             "updated_at": status.get("at"),
         }
-        entry.update(_progress(progress.get(f"{name}.{output}")))
+        entry.update(query_progress(progress.get(f"{name}.{output}")))
         outputs[output] = entry
     return outputs
 
@@ -70,13 +70,18 @@ def _events_read(settings: Settings, job: str, output: str, batch_id: int | None
         return None
 
 
-def _progress(last: dict[str, Any] | None) -> dict[str, Any]:
+def query_progress(last: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures ``jobs status`` shows from a query's last progress report."""
     if not last:
         return {}
     operators = last.get("stateOperators") or []
-    sources = last.get("sources") or [{}]
-    metrics = sources[0].get("metrics") or {}
-    behind = metrics.get("maxOffsetsBehindLatest")
+    # The partition furthest behind, of any Kafka source of the query (both of a join).
+    behinds = [
+        float(b)
+        for source in last.get("sources") or []
+        if (b := (source.get("metrics") or {}).get("maxOffsetsBehindLatest")) is not None
+    ]
+    behind = max(behinds) if behinds else None
     return {
         "input_rows_per_s": last.get("inputRowsPerSecond"),
         "processed_rows_per_s": last.get("processedRowsPerSecond"),
@@ -84,7 +89,7 @@ def _progress(last: dict[str, Any] | None) -> dict[str, Any]:
         "event_time_watermark": (last.get("eventTime") or {}).get("watermark"),
         "state_rows": sum(int(o.get("numRowsTotal") or 0) for o in operators),
         "state_memory_bytes": sum(int(o.get("memoryUsedBytes") or 0) for o in operators),
-        "lag_records": int(float(behind)) if behind is not None else None,
+        "lag_records": int(behind) if behind is not None else None,
     }
 
 

@@ -266,7 +266,9 @@ def output_frame(
                 id_column=source.id,
                 dead_letters=carried,
             )
-        rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
+        if "rows" in rows.columns:
+            # The Python operators' rows come packed; the engine's Java operator's do not.
+            rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:

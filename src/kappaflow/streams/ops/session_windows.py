@@ -64,8 +64,10 @@ from kappaflow.streams.ops.windowing import (
     OUTPUT_ARROW_SCHEMA,
     bind_aggregates,
     event_time_watermark,
+    jvm_operator,
     key_json,
     output_table,
+    spark_engine,
     values_json,
 )
 from kappaflow.timeutil import from_epoch_ms, iso
@@ -97,12 +99,15 @@ def aggregate_sessions(
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
+    engine: str | None = None,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and session
     (windowing.OUTPUT_SCHEMA rows, packed as by windowing.aggregate_windows).
 
     ``dead_letters``: as for windowing.aggregate_windows, records that did not parse
-    travel through the operator, in a shard of their own, and come out as ``dlq`` rows."""
+    travel through the operator, in a shard of their own, and come out as ``dlq`` rows.
+    ``engine``: as for windowing.aggregate_windows (``jvm``: io.kappaflow.engine.Sessions,
+    its rows unpacked)."""
     if gap_ms <= 0:
         raise WindowSpecError(f"session gap must be positive, got {gap_ms} ms")
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
@@ -130,6 +135,10 @@ def aggregate_sessions(
             *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
         )
     )
+    if (engine or spark_engine(events)) == "jvm":
+        return jvm_operator(
+            "Sessions", selected, names, bound, gap_ms, lateness_ms, id_column is not None
+        )
     types = {f.name: to_arrow_type(f.dataType) for f in selected.schema.fields}
     inputs = [(input_name(i), types[input_name(i)]) for i, a in enumerate(bound) if a.column]
     processor = SessionAggregator(

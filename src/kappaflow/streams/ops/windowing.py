@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
@@ -43,6 +44,7 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from kappaflow.errors import AggregateColumnError, AggregatesSpecError, WindowSpecError
 from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.jvm import jvm_engine
 from kappaflow.streams.kinds import (
     CLOSED,
     CORRECTION,
@@ -98,6 +100,9 @@ OUTPUT_ARROW_SCHEMA = pa.schema(
 )
 OUTPUT_SCHEMA = ddl(OUTPUT_ARROW_SCHEMA)
 STATE_SCHEMA = "partials BINARY, ids BINARY, final BOOLEAN"
+#: The Spark option that picks where window operators run, and its values.
+ENGINE_CONF = "spark.kappaflow.windows.engine"
+ENGINES = ("python", "jvm")
 #: Columns the events must have besides keys, aggregated columns and id.
 SOURCE_COLUMNS = ("_kf_time", "_kf_partition", "_kf_offset")
 
@@ -113,6 +118,7 @@ def aggregate_windows(
     lateness_ms: int,
     id_column: str | None,
     dead_letters: bool = False,
+    engine: str | None = None,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and window
     (OUTPUT_SCHEMA rows, packed: a ``rows`` column of Arrow IPC bytes per group and call,
@@ -122,7 +128,11 @@ def aggregate_windows(
     ``dead_letters``: ``events`` are every record of the source, those that did not
     parse marked by ``_kf_reason`` (with their bytes in ``_kf_value``); they travel
     through the operator in a group of their own (``DEAD_WINDOW``) and come out as
-    ``dlq`` rows, so the source is read once for both."""
+    ``dlq`` rows, so the source is read once for both.
+
+    ``engine``: ``python`` folds in Python workers and returns the rows packed; ``jvm``
+    runs the engine's Java operator and returns them unpacked (default: the session's
+    ``spark.kappaflow.windows.engine``, else ``python``)."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
@@ -156,6 +166,10 @@ def aggregate_windows(
         .alias("value"),
         *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
     )
+    if (engine or spark_engine(events)) == "jvm":
+        return jvm_operator(
+            "Windows", selected, names, bound, size_ms, lateness_ms, id_column is not None
+        )
     # The folded rows reach the state packed per group: through pandas as they are.
     folded = selected.mapInArrow(Folder(bound), ddl(PACKED_GROUP))
     processor = WindowAggregator(names, bound, size_ms, lateness_ms, dedup=id_column is not None)
@@ -165,6 +179,45 @@ def aggregate_windows(
         outputMode="Update",
         timeMode="EventTime",
     )
+
+
+def spark_engine(events: DataFrame) -> str:
+    """Where the session runs window operators: ``python`` (the default, for now) or
+    ``jvm`` (``spark.kappaflow.windows.engine``)."""
+    engine = str(events.sparkSession.conf.get(ENGINE_CONF, "python") or "python").lower()
+    if engine not in ENGINES:
+        raise WindowSpecError(f"{ENGINE_CONF} is {engine!r}: it is one of {', '.join(ENGINES)}")
+    return engine
+
+
+def jvm_operator(
+    operator: str,
+    selected: DataFrame,
+    names: Sequence[str],
+    bound: Sequence[Aggregate],
+    size_ms: int,
+    lateness_ms: int,
+    dedup: bool,
+) -> DataFrame:
+    """The engine's window operator ``operator`` (io.kappaflow.engine.Windows: one row per
+    event and window; Sessions: one per event, with the session gap as ``size_ms``) over
+    ``selected``. Its rows are OUTPUT_SCHEMA's, unpacked."""
+    spec = json.dumps(
+        [
+            {
+                "name": name,
+                "kind": agg.kind,
+                "input": selected.columns.index(input_name(i)) if agg.column else -1,
+                "integral": bool(getattr(agg, "integral", False)),
+                "quantiles": list(getattr(agg, "quantiles", ())),
+            }
+            for i, (name, agg) in enumerate(zip(names, bound, strict=True))
+        ]
+    )
+    spark = selected.sparkSession
+    jvm_class = getattr(jvm_engine(spark), operator)
+    jdf = jvm_class.aggregate(selected._jdf, spec, size_ms, lateness_ms, dedup)
+    return ClassicDataFrame(jdf, spark)
 
 
 def event_time_watermark(events: DataFrame, watermark_ms: int | None) -> DataFrame:

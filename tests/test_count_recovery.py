@@ -3,6 +3,7 @@ broker, Redis and Spark: exactly-once across a job's lifetimes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -19,6 +20,7 @@ from live_jobs import topic_values
 
 from kappaflow.counting.job import OUTPUT
 from kappaflow.counting.spec import CountSpec
+from kappaflow.errors import WaitTimeoutError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer
 from kappaflow.kafka.topics import list_topics, topic_partitions
@@ -306,15 +308,10 @@ def test_a_removed_job_starts_over(
     assert wait_stats(serving, job_name, counted=30).counted == 30
     assert store_counts(serving, job_name) == expected(values)
     # ... and publishes its changes again (a NAME.commits left behind would have
-    # made it skip its first batches as published).
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for change in changelog(serving, job_name):
-        window = (change["key"], change["window_start"])
-        if change["version"] >= latest.get(window, {"version": -1})["version"]:
-            latest[window] = change
-    assert {k: c["count"] for k, c in latest.items()} == {
-        (key, iso(from_epoch_ms(start))): n for (key, start), n in expected(values).items()
-    }
+    # made it skip its first batches as published). The store is written before Kafka,
+    # so the changelog may come a moment after the counts.
+    wanted = {(key, iso(from_epoch_ms(start))): n for (key, start), n in expected(values).items()}
+    assert wait_published(serving, job_name, wanted) == wanted
 
 
 def test_a_duplicate_of_the_first_batch_counts_once_through_its_crashes(
@@ -364,11 +361,28 @@ def test_a_duplicate_of_the_first_batch_counts_once_through_its_crashes(
     # ... each copy a duplicate.
     assert (final.counted, final.duplicates) == (counted, len(sent) - counted)
     assert store_counts(serving, job_name) == dict(want)
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for change in changelog(serving, job_name):
-        window = (change["key"], change["window_start"])
-        if change["version"] >= latest.get(window, {"version": -1})["version"]:
-            latest[window] = change
-    assert {k: c["count"] for k, c in latest.items()} == {
-        (key, _iso(start_ms)): n for (key, start_ms), n in want.items()
-    }
+    wanted = {(key, _iso(start_ms)): n for (key, start_ms), n in want.items()}
+    assert wait_published(serving, job_name, wanted) == wanted
+
+
+def wait_published(
+    settings: Settings, job: str, wanted: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
+    """Each window's count in its latest change on the changelog, once it is ``wanted``
+    or a minute has passed: the store is written before Kafka, so the changelog may come
+    a moment after the store's counts."""
+    seen: dict[tuple[str, str], int] = {}
+
+    def published() -> bool | None:
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        for change in changelog(settings, job):
+            window = (change["key"], change["window_start"])
+            if change["version"] >= latest.get(window, {"version": -1})["version"]:
+                latest[window] = change
+        seen.clear()
+        seen.update({k: c["count"] for k, c in latest.items()})
+        return True if seen == wanted else None
+
+    with contextlib.suppress(WaitTimeoutError):  # the caller's comparison shows what differs
+        wait_for(published, timeout=60, what="the changelog")
+    return seen

@@ -109,6 +109,9 @@ class OutputTarget:
     status_dir: Path | None = None
     #: Whether the output is a windowed aggregate (its rows are changes, not records).
     aggregated: bool = False
+    #: Whether its rows hold a Python window operator's packed rows, unpacked in the
+    #: tasks by a Python worker (the JVM operator's rows come unpacked).
+    packed: bool = False
     #: An aggregate's key columns with their types, for its lake table's columns.
     key_types: tuple[tuple[str, DataType], ...] = ()
     #: An aggregate's value names, in the order its lake table's columns take.
@@ -158,7 +161,7 @@ class OutputWriter:
             behind = join_watermark(frame.sparkSession, target.checkpoint, batch_id)
             kept = (F.col("kind") != BEHIND) | (F.col("event_time") <= behind)
             frame = frame.where(kept)
-        rows = unpacked(frame) if target.keys or target.aggregated else frame.drop("packed")
+        rows = unpacked(frame) if target.packed else frame.drop("packed")
         # The batch's rows are read by several jobs: computed once, held by the executors.
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:

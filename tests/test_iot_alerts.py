@@ -137,16 +137,26 @@ def test_open_alerts_are_kept_in_redis_on_the_broker(
             what="the alert resolved in Redis",
         )
         assert served_open() == []
+
+        def statuses() -> list[tuple[str, str]]:
+            return [
+                (a["rule"], a["status"])
+                for a in topic_values(serving, f"{name}-alerts")
+                if a["device"] == "d1" and a["time"].startswith("2026-11-20T00:0")
+            ]
+
+        # The store is written before the topic: the resolution reaches the topic a
+        # moment later (a query stopped meanwhile writes it again when it restarts).
+        wait_for(
+            lambda: True if len(statuses()) >= 2 else None,
+            timeout=60,
+            what="the alert's transitions on the alerts topic",
+        )
     finally:
         for query in queries:
             query.stop()
-    statuses = [
-        (a["rule"], a["status"])
-        for a in topic_values(serving, f"{name}-alerts")
-        if a["device"] == "d1" and a["time"].startswith("2026-11-20T00:0")
-    ]
     # Raised once, resolved once: no transition written twice.
-    assert statuses == [("anomaly", "raised"), ("anomaly", "resolved")]
+    assert statuses() == [("anomaly", "raised"), ("anomaly", "resolved")]
 
 
 def test_a_long_batch_out_of_order_loses_no_reading_and_judges_each_once() -> None:

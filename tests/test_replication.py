@@ -8,6 +8,7 @@ them with ``-s``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -30,6 +31,7 @@ from conftest import EXTERNAL_KAFKA, Result, error_line, make_settings, run_kapp
 from live_jobs import stop_if_running
 from wire import can_capture, captured
 
+from kappaflow.errors import WaitTimeoutError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.clients import admin, producer
 from kappaflow.kafka.node import KafkaNode
@@ -374,16 +376,26 @@ def test_a_killed_leader_loses_no_acknowledged_record_nor_a_count(with_redis: Se
         final = wait_stats(cluster, job, counted=len(values))
         assert (final.counted, final.duplicates, final.late) == (len(values), 0, 0)
         assert store_counts(cluster, job) == want
-        # The changelog: each change once, none lost, the last of each window its count.
+        # The changelog: each change once, none lost, the last of each window its count
+        # (once the last batch's changes are in: the store is written before the topic).
+        wanted = {(key, iso(from_epoch_ms(ms))): n for (key, ms), n in want.items()}
         history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for change in changelog(cluster, job):
-            history[(change["key"], change["window_start"])].append(change)
+
+        def published() -> bool | None:
+            history.clear()
+            for change in changelog(cluster, job):
+                history[(change["key"], change["window_start"])].append(change)
+            last = {window: versions[-1]["count"] for window, versions in history.items()}
+            return True if last == wanted else None
+
+        with contextlib.suppress(WaitTimeoutError):  # the assertions below say what differs
+            wait_for(published, timeout=60, what="the changelog's last batch")
         for window, versions in history.items():
             assert [c["version"] for c in versions] == list(range(1, len(versions) + 1)), window
             for before, after in itertools.pairwise(versions):
                 assert after["previous"] == before["count"], window
         last = {window: versions[-1]["count"] for window, versions in history.items()}
-        assert last == {(key, iso(from_epoch_ms(ms))): n for (key, ms), n in want.items()}
+        assert last == wanted
         assert stats(cluster, job).counted == len(values)
         figures["views_counted"] = len(values)
         print(f"\nleader killed: {json.dumps({k: round(v, 2) for k, v in figures.items()})}")

@@ -125,7 +125,16 @@ def test_a_session_is_merged_final_corrected_forgotten_and_then_too_late(
     send(serving, source, [view("/a", 8000, 5)])
     wait_stats(serving, job, counted=6)
     wait_session("/a", 0, "the correction of the final session", count=5)
-    assert histories(serving, job)[("/a", at(0))][3:] == [("final", 4, 4), ("correction", 5, 4)]
+    # Again the changelog a moment after the store.
+    history = wait_for(
+        lambda: (
+            found if len((found := histories(serving, job)).get(("/a", at(0)), [])) >= 5 else None
+        ),
+        timeout=60,
+        interval=0.5,
+        what="the correction's changes",
+    )
+    assert history[("/a", at(0))][3:] == [("final", 4, 4), ("correction", 5, 4)]
     assert stats(serving, job).open_windows == 2  # /a and /c
 
     # /d at 25 s moves the watermark to 24 s, past the merged session's end (9 s) plus the

@@ -65,6 +65,7 @@ SPARK_CONNECTOR = JarSet(
         "spark-token-provider-kafka-0-10_2.13",
         "kafka-clients",
         "commons-pool2",
+        "jedis",
     ),
 )
 

@@ -10,18 +10,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from kappaflow.errors import JarBuildError
+from kappaflow.install.artifacts import spark_connector_jars
 from kappaflow.install.javabuild import JDK_HOW, JavaBuild, pyspark_jars
 from kappaflow.install.jdk import ensure_javac
 from kappaflow.settings import Settings
 
-ENGINE = JavaBuild(
-    jar_name="kappaflow-engine.jar",
-    folder="engine",
-    package=("io", "kappaflow", "engine"),
-    classpath=lambda: pyspark_jars(
+#: The clients the tasks' writers compile against (KafkaOutput.java: Kafka's;
+#: RedisOutput.java: Redis's): PySpark does not ship them; the connector's jars, which
+#: setup resolves, hold them.
+_CONNECTOR_JARS = ("kafka-clients-", "jedis-")
+
+
+def _classpath(settings: Settings) -> list[Path]:
+    connector = [
+        jar for jar in spark_connector_jars(settings) if jar.name.startswith(_CONNECTOR_JARS)
+    ]
+    return [*_pyspark_classpath(), *connector]
+
+
+def _pyspark_classpath() -> list[Path]:
+    return pyspark_jars(
         "scala-library-*.jar",
+        "scala-reflect-*.jar",
         "spark-core_*.jar",
         "spark-common-utils-java_*.jar",
+        "spark-common-utils_*.jar",
         "spark-catalyst_*.jar",
         "spark-sql-api_*.jar",
         "spark-sql_*.jar",
@@ -32,7 +45,14 @@ ENGINE = JavaBuild(
         "jackson-databind-*.jar",
         "jackson-annotations-*.jar",
         "slf4j-api-*.jar",
-    ),
+    )
+
+
+ENGINE = JavaBuild(
+    jar_name="kappaflow-engine.jar",
+    folder="engine",
+    package=("io", "kappaflow", "engine"),
+    classpath=_classpath,
     without="the job API has no engine",
     home="kappaflow.streams.jvm",
 )

@@ -52,7 +52,9 @@ class JavaBuild:
     jar_name: str
     folder: str
     package: tuple[str, ...]
-    classpath: Callable[[], Sequence[Path]]
+    #: The jars to compile against, for these settings (jars setup resolved live under
+    #: the settings' state directory).
+    classpath: Callable[[Settings], Sequence[Path]]
     without: str
     #: The package whose ``java/`` folder holds the sources.
     home: str = "kappaflow.install"
@@ -82,7 +84,7 @@ class JavaBuild:
         stamp, jar = folder / _STAMP, folder / self.jar_name
         if not (jar.is_file() and stamp.is_file()):
             return None
-        if stamp.read_text().strip() != self._fingerprint(self.classpath()):
+        if stamp.read_text().strip() != self._fingerprint(self.classpath(settings)):
             return None
         return jar
 
@@ -93,7 +95,7 @@ class JavaBuild:
         javac = jdk_tool("javac")
         if javac is None:
             return f"javac not found, so {self.without}. To build {self.jar_name}, {JDK_HOW}"
-        classpath = self.classpath()
+        classpath = self.classpath(settings)
         folder = self.directory(settings)
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as scratch:

@@ -31,7 +31,7 @@ LOCAL_FS = JavaBuild(
     jar_name=JAR_NAME,
     folder="localfs",
     package=("io", "kappaflow", "hadoop"),
-    classpath=lambda: pyspark_jars("hadoop-client-api-*.jar"),
+    classpath=lambda _settings: pyspark_jars("hadoop-client-api-*.jar"),
     without=(
         "Spark's checkpoints use Hadoop's default local file system, which starts a process "
         "per checkpoint file (slower batches)"

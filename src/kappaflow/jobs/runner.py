@@ -49,6 +49,9 @@ PART_STOP_TIMEOUT_S = 30.0
 #: How long a savepoint waits for the job's queries to be between batches before it
 #: stops them in one: a batch takes seconds, a job that never rests runs them back to back.
 SAVEPOINT_QUIET_S = 30.0
+#: How long a stopped job waits for the batches under way to end (within the stop's
+#: timeout, jobs/manager.py STOP_TIMEOUT_S).
+STOP_QUIET_S = 20.0
 
 
 def main(argv: list[str]) -> int:
@@ -159,6 +162,10 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
             state, error = JobState.STOPPED, None
             break
         queries = start()
+    if state is JobState.STOPPED:
+        # A stop lets the batch under way finish (its sinks' writes are done by then, its
+        # checkpoint commits): a start goes on from where the sinks are.
+        _between_batches(queries, threading.Event(), STOP_QUIET_S)
     parts.stop(timeout=PART_STOP_TIMEOUT_S)
     for query in queries:
         query.stop()
@@ -168,13 +175,15 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     return 1 if state is JobState.FAILED else 0
 
 
-def _between_batches(queries: list[Any], stop: threading.Event) -> None:
-    """Wait until no query runs a batch, at most SAVEPOINT_QUIET_S. A query stopped in a
+def _between_batches(
+    queries: list[Any], stop: threading.Event, quiet_s: float = SAVEPOINT_QUIET_S
+) -> None:
+    """Wait until no query runs a batch, at most ``quiet_s``. A query stopped in a
     batch abandons it, as at a stop: the checkpoint stays consistent and the batch runs
     again, but the sinks it reached keep their part of it (the store its statistics),
     which a start from the savepoint with changed code would not compute anew. Between
     batches, a stop leaves nothing half done (but for a trigger that fires in between)."""
-    deadline = time.monotonic() + SAVEPOINT_QUIET_S
+    deadline = time.monotonic() + quiet_s
     while time.monotonic() < deadline and not stop.is_set():
         if not any(q.isActive and q.status["isTriggerActive"] for q in queries):
             return

@@ -299,13 +299,15 @@ def read_markers(settings: Settings, name: str) -> dict[str, dict[str, Any]]:
     """Each output's last committed marker in ``NAME.commits``, as KafkaPublisher reads
     them (the highest batch per output, read_committed)."""
     from kappaflow.kafka.records import StartAt, read_records
-    from kappaflow.streams.output.backends import commits_topic
+    from kappaflow.streams.output.backends import commits_topic, is_task_marker
 
     found: dict[str, dict[str, Any]] = {}
     try:
         start = StartAt(beginning=True)
         for message in read_records(settings.kafka, commits_topic(name), start=start):
             marker = json.loads(message.value() or b"{}")
+            if is_task_marker(marker):
+                continue
             output = str(marker["output"])
             if marker["batch_id"] > found.get(output, {}).get("batch_id", -1):
                 found[output] = marker

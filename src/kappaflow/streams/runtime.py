@@ -149,12 +149,12 @@ def start_outputs(
         # a stream that refused it.
         rejects = [r for r in output.stream.source.rejected if id(r) not in refused]
         refused.update(id(r) for r in rejects)
-        frame = output_frame(output, dead_letters=topic not in carried, rejects=rejects)
+        frame, packed = output_frame(output, dead_letters=topic not in carried, rejects=rejects)
         carried.add(topic)
         for join in output.stream.source.joins:
             if join.carries is not None:
                 joined.setdefault(join.name, join.carries)
-        target = _target(job, output, backends)
+        target = _target(job, output, backends, packed=packed)
         # Spark runs a stream-stream join in append mode only: a match is output once,
         # and a window or stateful function after it runs on the join's watermark.
         mode = "append" if any(j.kind == "stream" for j in output.stream.source.joins) else "update"
@@ -233,10 +233,12 @@ def _start(
 
 def output_frame(
     output: Output, *, dead_letters: bool, rejects: Sequence[DataFrame] = ()
-) -> DataFrame:
+) -> tuple[DataFrame, bool]:
     """The rows of an output's query (OUTPUT_COLUMNS), with ``rejects``: records
-    ``Stream.reject`` refused, as dead letters."""
+    ``Stream.reject`` refused, as dead letters; and whether they hold a Python window
+    operator's packed rows, which the writer unpacks."""
     stream = output.stream
+    packed = False
     source = stream.source
     # A whole source's dead letters travel with its rows: the source is read once.
     carried = dead_letters and stream.whole and stream.output_rows is None
@@ -269,6 +271,7 @@ def output_frame(
         if "rows" in rows.columns:
             # The Python operators' rows come packed; the engine's Java operator's do not.
             rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
+            packed = True
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:
@@ -296,7 +299,7 @@ def output_frame(
     for join in source.joins:
         for tap in join.taps:
             frame = frame.unionByName(_shaped(tap))
-    return frame
+    return frame, packed
 
 
 def _dead_letters(parsed: DataFrame) -> DataFrame:
@@ -322,7 +325,7 @@ def _shaped(frame: DataFrame) -> DataFrame:
     return frame.select(*columns)
 
 
-def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
+def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> OutputTarget:
     topics = tuple(
         sink.topic or f"{job.name}.{output.name}"
         for sink in output.sinks
@@ -340,7 +343,13 @@ def _target(job: Job, output: Output, backends: Backends) -> OutputTarget:
     )
     user = output.stream.df.drop(*BOOKKEEPING)
     state = output.stream.state_definition
+    agg = output.aggregate
+    types = {f.name: f.dataType for f in output.stream.df.schema.fields}
     return OutputTarget(
+        aggregated=agg is not None,
+        packed=packed,
+        key_types=tuple((k, types[k]) for k in agg.keys) if agg is not None else (),
+        value_names=tuple(agg.aggregates) if agg is not None else (),
         job=job.name,
         name=output.name,
         source=output.stream.source,

@@ -15,7 +15,7 @@ SCORER = JavaBuild(
     jar_name="kappaflow-iot.jar",
     folder="iot",
     package=("io", "kappaflow", "iot"),
-    classpath=lambda: pyspark_jars(
+    classpath=lambda _settings: pyspark_jars(
         "jackson-core-*.jar",
         "jackson-databind-*.jar",
         "jackson-annotations-*.jar",

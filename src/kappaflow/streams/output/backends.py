@@ -3,10 +3,15 @@
 Each has an in-memory twin with the same contract, which the test harness
 (kappaflow.testing) uses so that a job's tests need no broker and no Redis.
 
-Kafka: a batch's records, on every topic, go out in one transaction together with a
-marker in the job's compacted ``JOB.commits`` topic (key: the output's name); a batch
-whose marker is committed is not published again, and the fixed transactional id fences
-off the producer of a driver that died mid-transaction. Redis: writes are idempotent (a
+Kafka: the tasks holding a batch's records write them, each its partition of the batch
+in a transaction of its own with a marker of that partition in the job's compacted
+``JOB.commits`` topic (key ``OUTPUT#pN``; KafkaOutput.java in the engine jar); a
+partition whose marker is committed is not written again. A task's marker names the
+batch it wrote ``written_batch``; its ``batch_id`` is the output's batch committed before
+(so the topic's highest ``batch_id`` is always an output's own marker). Then the driver commits the
+output's marker for the batch (key: the output's name) in a transaction of its own; a
+batch whose marker is committed is not published again, and the fixed transactional ids
+fence off the producers of a driver that died mid-transaction. Redis: writes are idempotent (a
 re-run batch writes the same values again), and statistics move only for a batch id
 above the last one applied.
 """
@@ -22,13 +27,15 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis as redis_lib
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
+from pyspark.sql import DataFrame
 
 from kappaflow.errors import ProduceError
-from kappaflow.kafka.clients import transactional_producer
+from kappaflow.kafka.clients import consumer, transactional_producer
 from kappaflow.kafka.records import StartAt, produce_with_retry, read_records
 from kappaflow.serving.client import redis_prefix
 from kappaflow.settings import Settings
+from kappaflow.streams.jvm import jvm_engine
 from kappaflow.streams.output.json_columns import booleans, join, number_text
 
 #: A record to publish: topic, key, value.
@@ -52,6 +59,12 @@ class Publisher(Protocol):
         in_transaction: InTransaction | None = None,
     ) -> None:
         """``records`` and the batch's marker, atomically."""
+        ...
+
+    def write(self, output: str, batch_id: int, records: DataFrame) -> int:
+        """``records`` (columns ``topic``, ``key`` and ``value``), each partition of them
+        once for ``batch_id``, from the tasks holding it; how many records the batch has
+        (those written before included)."""
         ...
 
 
@@ -82,13 +95,33 @@ class ResultStore(Protocol):
         record JSON, in order) as its key's latest, and ``account`` once per batch id."""
         ...
 
+    def write(self, output: str, rows: DataFrame) -> int:
+        """A batch's writes (``task_records.store_windows`` or ``store_latest`` rows),
+        from the tasks holding them, each partition's at once; how many."""
+        ...
+
+    def account(self, output: str, batch_id: int, account: BatchAccount) -> None:
+        """``account`` once per batch id."""
+        ...
+
 
 def commits_topic(job: str) -> str:
     return f"{job}.commits"
 
 
+def is_task_marker(marker: dict[str, Any]) -> bool:
+    """Whether a record of ``JOB.commits`` is a task's marker of its partition of a batch
+    (not an output's marker of a whole batch)."""
+    return "partition" in marker
+
+
+#: How many transactional ids past a batch's partitions the first batch of a run fences.
+_FENCE_MARGIN = 8
+
+
 class KafkaPublisher:
-    """Transactions of one job, from its driver (transactional id ``kappaflow.job.JOB``)."""
+    """Transactions of one job: the driver's (transactional id ``kappaflow.job.JOB``)
+    for the outputs' markers, and the tasks' for the records (KafkaOutput.java)."""
 
     def __init__(self, settings: Settings, job: str) -> None:
         self.settings = settings
@@ -96,9 +129,56 @@ class KafkaPublisher:
         self.producer = transactional_producer(settings.kafka, f"kappaflow.job.{job}")
         self._committed = self._read_markers()
         self._turn = threading.Lock()
+        self._fenced: set[str] = set()
+        self._ends = consumer(settings.kafka)
 
     def committed(self, output: str) -> dict[str, Any] | None:
         return self._committed.get(output)
+
+    def write(self, output: str, batch_id: int, records: DataFrame) -> int:
+        spark = records.sparkSession
+        engine = jvm_engine(spark)
+        config = json.dumps(self._java_config())
+        if output not in self._fenced:
+            # What tasks of a driver that died left open is aborted before any task reads
+            # the markers (a task would wait for a transaction no one ends).
+            partitions = records._jdf.rdd().getNumPartitions()
+            engine.KafkaOutput.fence(self.job, output, partitions + _FENCE_MARGIN, config)
+            self._fenced.add(output)
+        # The markers of this batch's partitions are past where the last batch's ended.
+        last = self._committed.get(output) or {}
+        since = last.get("tasks_from", {})
+        done = json.loads(
+            engine.KafkaOutput.write(
+                records._jdf,
+                self.job,
+                output,
+                batch_id,
+                int(last.get("batch_id", -1)),
+                commits_topic(self.job),
+                json.dumps(since),
+                config,
+            )
+        )
+        return int(done["records"])
+
+    def _java_config(self) -> dict[str, str]:
+        """The Java client's properties for this cluster: the settings the Python
+        clients use (bootstrap, security), in the Java client's names."""
+        prefix = "kafka."
+        options = self.settings.kafka.spark_kafka_options()
+        return {k.removeprefix(prefix): v for k, v in options.items()}
+
+    def _marker_ends(self) -> dict[str, int]:
+        """The end of each partition of ``JOB.commits`` now (tasks' transactions of the
+        batch included: they are committed)."""
+        topic = commits_topic(self.job)
+        meta = self._ends.list_topics(topic, timeout=30).topics[topic]
+        ends = {}
+        for partition in sorted(meta.partitions):
+            _, high = self._ends.get_watermark_offsets(TopicPartition(topic, partition), 30)
+            ends[str(partition)] = int(high)
+        return ends
 
     def publish(
         self,
@@ -112,11 +192,16 @@ class KafkaPublisher:
         # One producer, one transaction at a time: the outputs' queries run side by side
         # and each publishes from its own thread, so their transactions take turns.
         with self._turn:
+            marker = {
+                "output": output,
+                "batch_id": batch_id,
+                **marker,
+                "tasks_from": self._marker_ends(),
+            }
             producer.begin_transaction()
             try:
                 for topic, key, value in records:
                     produce_with_retry(producer, topic, value, key, poll_s=0.2)
-                marker = {"output": output, "batch_id": batch_id, **marker}
                 body = json.dumps(marker).encode()
                 produce_with_retry(producer, commits_topic(self.job), body, output.encode())
                 producer.flush(120)
@@ -137,6 +222,8 @@ class KafkaPublisher:
         start = StartAt(beginning=True)
         for message in read_records(self.settings.kafka, commits_topic(self.job), start=start):
             marker = json.loads(message.value() or b"{}")
+            if is_task_marker(marker):
+                continue
             name = str(marker["output"])
             if marker["batch_id"] > found.get(name, {}).get("batch_id", -1):
                 found[name] = marker
@@ -145,10 +232,31 @@ class KafkaPublisher:
 
 @dataclass
 class MemoryPublisher:
-    """Kafka's twin for the test harness: committed records per topic, in order."""
+    """Kafka's twin for the test harness: committed records per topic, in order.
+
+    A twin in the driver's memory: ``write`` collects the batch's records to it (the
+    harness's batches are small), each partition once, as the tasks' writer does."""
 
     topics: dict[str, list[tuple[bytes | None, bytes]]] = field(default_factory=dict)
     markers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The (output, batch, partition) written.
+    partitions: set[tuple[str, int, int]] = field(default_factory=set)
+
+    def write(self, output: str, batch_id: int, records: DataFrame) -> int:
+        from pyspark.sql import functions as F
+
+        table = records.select(
+            F.spark_partition_id().alias("_p"), "topic", "key", "value", "_o1", "_o2", "_o3"
+        ).toArrow()
+        rows = table.to_pylist()
+        fresh = [r for r in rows if (output, batch_id, r["_p"]) not in self.partitions]
+        fresh.sort(
+            key=lambda r: (r["topic"], r["_o1"] is not None, r["_o1"] or "", r["_o2"], r["_o3"])
+        )
+        for r in fresh:
+            self.topics.setdefault(r["topic"], []).append((r["key"], r["value"]))
+        self.partitions.update((output, batch_id, r["_p"]) for r in rows)
+        return len(rows)
 
     def committed(self, output: str) -> dict[str, Any] | None:
         return self.markers.get(output)
@@ -255,10 +363,30 @@ class RedisStore:
             for item in zip(keys[low:end], starts[low:end], texts[low:end], strict=True):
                 items += item
             self._write(args=items)
+        self.account(output, batch_id, account)
+
+    def write(self, output: str, rows: DataFrame) -> int:
+        engine = jvm_engine(rows.sparkSession)
+        url, username, password = self._address()
+        prefix = redis_prefix(self.job, output)
+        return int(engine.RedisOutput.write(rows._jdf, prefix, url, username, password))
+
+    def account(self, output: str, batch_id: int, account: BatchAccount) -> None:
+        prefix = redis_prefix(self.job, output)
         pairs = [str(x) for name, value in sorted(account.stats.items()) for x in (name, value)]
         opened = json.dumps({str(w): n for w, n in account.held.items() if n})
         stats, watermark = prefix + "stats", account.watermark
         self._stats(args=[stats, batch_id, watermark, prefix + "open", opened, *pairs])
+
+    def _address(self) -> tuple[str, str | None, str | None]:
+        """The URL, user and password the driver's client reaches Redis with, for the
+        tasks' client."""
+        pool = self.client.connection_pool
+        given = pool.connection_kwargs
+        tls = issubclass(pool.connection_class, redis_lib.SSLConnection)
+        scheme = "rediss" if tls else "redis"
+        url = f"{scheme}://{given.get('host', 'localhost')}:{given.get('port', 6379)}"
+        return f"{url}/{given.get('db', 0)}", given.get("username"), given.get("password")
 
 
 def stored_windows(changes: pa.Table) -> tuple[list[str], list[str], list[str]]:
@@ -320,6 +448,23 @@ class MemoryStore:
                 windows.pop(window, None)
             else:
                 windows[window] = json.loads(text)
+        self.account(output, batch_id, account)
+
+    def write(self, output: str, rows: DataFrame) -> int:
+        """Collects the batch's writes: the twin lives in the driver's memory."""
+        found = rows.select("target", "key", "field", "value").toArrow().to_pylist()
+        windows = self.windows.setdefault(output, {})
+        newest = self.latest.setdefault(output, {})
+        for row in found:
+            if row["target"] == "latest":
+                newest[row["field"]] = json.loads(row["value"])
+            elif not row["value"]:  # a retracted session
+                windows.pop((row["key"], int(row["field"])), None)
+            else:
+                windows[(row["key"], int(row["field"]))] = json.loads(row["value"])
+        return len(found)
+
+    def account(self, output: str, batch_id: int, account: BatchAccount) -> None:
         if batch_id > self.applied.get(output, -1):
             totals = self.stats.setdefault(output, {})
             for name, value in account.stats.items():

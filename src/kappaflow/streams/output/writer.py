@@ -1,11 +1,16 @@
 """Each micro-batch of one output, to all its sinks, exactly once.
 
 Spark re-runs a batch after a crash with the same input and state, so it produces the
-same rows. The writer goes in an order that makes every step safe to repeat: the serving
-store (idempotent writes), the lake (a batch is published once, by id: lake.py), then one
-Kafka transaction with the batch's records on every topic and a commit marker (skipped
-for a batch whose marker is already committed). Readers with ``read_committed`` see
-every record once.
+same rows, in the same partitions. The writer goes in an order that makes every step
+safe to repeat: the serving store (idempotent writes), the lake (a batch is published
+once, by id: lake.py), the Kafka records (each task writes its partition of the batch in
+a transaction of its own with a marker of that partition, and skips a partition whose
+marker is committed: KafkaOutput.java), then the output's marker, in a transaction of
+the driver's (skipped for a batch whose marker is already committed). Readers with
+``read_committed`` see every record once.
+
+The batch's rows stay in Spark's tasks: the records and the lake's rows are Spark SQL
+over them (task_records.py), and the driver gets counts back from one small aggregation.
 
 The rows the writer gets (runtime.py) have a ``kind``: changes of a windowed aggregate
 (``provisional``, ``final``, ``correction``), ``record`` rows of a plain stream, ``late``
@@ -18,7 +23,6 @@ sends them to the late topic.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Callable
@@ -29,25 +33,16 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import StorageLevel
+from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, StructType
 
 from kappaflow.errors import CheckpointError, PartialBatchError
 from kappaflow.spark.checkpoint import batch_watermark
-from kappaflow.streams.kinds import (
-    BEHIND,
-    CHANGES,
-    CLOSED,
-    DEAD,
-    LATE,
-    PACKED,
-    RECORD,
-    STATS,
-)
+from kappaflow.streams.kinds import BEHIND, CHANGES, CLOSED, DEAD, LATE, RECORD, STATS
 from kappaflow.streams.model import Source
-from kappaflow.streams.ops.arrow_ipc import unpack
-from kappaflow.streams.ops.windowing import OUTPUT_ARROW_SCHEMA
 from kappaflow.streams.output.backends import BatchAccount, Publisher, Record, ResultStore
 from kappaflow.streams.output.json_columns import (
     Column,
@@ -59,7 +54,19 @@ from kappaflow.streams.output.json_columns import (
 )
 from kappaflow.streams.output.lake import LakeWriter
 from kappaflow.streams.output.lake_fs import HadoopFs
-from kappaflow.timeutil import from_epoch_ms, iso
+from kappaflow.streams.output.task_records import (
+    changelog,
+    dead_letters,
+    lake_change_rows,
+    lake_stream_rows,
+    late_records,
+    store_latest,
+    store_windows,
+    stream_records,
+    too_late,
+    unpacked,
+)
+from kappaflow.timeutil import iso
 
 #: Whether each stateful operator of a query has a watermark of its own (Spark's default):
 #: a stream join then drops input behind the watermark of the batch before.
@@ -100,6 +107,15 @@ class OutputTarget:
     joined_streams: bool = False
     #: Where the output's status file goes (none under the test harness).
     status_dir: Path | None = None
+    #: Whether the output is a windowed aggregate (its rows are changes, not records).
+    aggregated: bool = False
+    #: Whether its rows hold a Python window operator's packed rows, unpacked in the
+    #: tasks by a Python worker (the JVM operator's rows come unpacked).
+    packed: bool = False
+    #: An aggregate's key columns with their types, for its lake table's columns.
+    key_types: tuple[tuple[str, DataType], ...] = ()
+    #: An aggregate's value names, in the order its lake table's columns take.
+    value_names: tuple[str, ...] = ()
 
     @property
     def late_topic(self) -> str:
@@ -111,7 +127,15 @@ class OutputTarget:
 
 
 class OutputWriter:
-    """The ``foreachBatch`` function of one output."""
+    """The ``foreachBatch`` function of one output.
+
+    The batch's rows stay in Spark's tasks: the driver runs a few Spark jobs over them
+    and gets back only counts (``_Tally``). The tasks write the serving store (each
+    partition's writes in one MULTI/EXEC), the lake's files and the Kafka records (each
+    task its partition of the batch, once: ``Publisher.write``); the driver then adds the
+    batch's account to the store and commits the lake batch's metadata and the output's
+    marker. Only the test harness's in-memory twins collect, what they keep.
+    """
 
     def __init__(
         self,
@@ -137,70 +161,80 @@ class OutputWriter:
             behind = join_watermark(frame.sparkSession, target.checkpoint, batch_id)
             kept = (F.col("kind") != BEHIND) | (F.col("event_time") <= behind)
             frame = frame.where(kept)
-        # One action on the batch: everything after works on its Arrow table.
-        table = _unpacked(frame.toArrow())
-        laps.lap("compute+collect")
-        kind = table["kind"]
-        changes = _sorted_changes(table.filter(pc.is_in(kind, pa.array(CHANGES))))
-        records = table.filter(pc.equal(kind, RECORD))
-        too_late = table.filter(pc.is_in(kind, pa.array([LATE, BEHIND]))).to_pylist()
-        late = self._late_events(frame, too_late, behind)
-        dead = table.filter(pc.equal(kind, DEAD)).to_pylist()
-        counted = table.filter(pc.equal(kind, STATS))
-        stats = {
-            "events": _sum(counted["events"])
-            + (records.num_rows if target.records_are_events else 0),
-            "duplicates": _sum(counted["duplicates"]),
-            "late": len(late),
-            "dead_letters": len(dead),
-        }
-        watermark = int(pc.max(table["watermark"]).as_py() or 0)
-        held = _held(table.filter(pc.is_in(kind, pa.array([STATS, CLOSED]))))
-        self._results = changes.num_rows + records.num_rows + len(late) + len(dead)
-        laps.lap("prepare")
-        self._step("before-store", batch_id)
-        if self.store is not None and target.redis:
-            account = BatchAccount(stats, watermark, held)
-            latest = self._latest_records(records) if not target.keys else []
-            self.store.apply(target.name, batch_id, changes, account, latest)
-        laps.lap("redis")
-        self._step("after-store", batch_id)
-        lake_rows = 0
-        if changes.num_rows or records.num_rows:
-            # A batch without results (one that only moves the watermark) writes no
-            # lake batch: it has nothing to give the table its columns.
-            for lake in target.lakes:
-                lake_rows = lake.write(self._lake_frame(frame, records, changes), batch_id)
-        laps.lap("lake")
-        self._step("after-lake", batch_id)
-        last = self.publisher.committed(target.name)
-        if last is None or batch_id > last["batch_id"]:
-            out: list[Record] = []
-            for topic in target.topics:
-                out += self._output_records(topic, changes, records, batch_id)
-            out += [self._late_record(r) for r in late]
-            out += [self._dead_letter(r) for r in dead]
-            written = {"kafka_records": len(out), "lake_rows": lake_rows}
-            marker = {
-                "batch": {**stats, **written},
-                "totals": _added((last or {}).get("totals", {}), {**stats, **written}),
-                "watermark": watermark,
-                "at": iso(datetime.now(UTC)),
-            }
-            self.publisher.publish(
-                target.name,
-                batch_id,
-                out,
-                marker,
-                lambda: self._step("in-transaction", batch_id),
+        rows = unpacked(frame) if target.packed else frame.drop("packed")
+        # The batch's rows are read by several jobs: computed once, held by the executors.
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            self._write(rows, batch_id, behind, laps)
+        finally:
+            rows.unpersist()
+
+    def _write(self, rows: DataFrame, batch_id: int, behind: int, laps: _Laps) -> None:
+        target = self.target
+        tally = _Tally.of(rows)
+        late_events = late_rows = None
+        late = 0
+        if tally.too_late:
+            late_events = too_late(rows, target.source.topic, behind).persist(
+                StorageLevel.MEMORY_AND_DISK
             )
-            if target.status_dir is not None:
-                _write_status(target.status_dir, target.name, {"batch_id": batch_id, **marker})
-        laps.lap("kafka")
-        self._step("after-kafka", batch_id)
+            late_rows, late = self._late_records(late_events)
+        laps.lap("compute+count")
+        try:
+            stats = {
+                "events": tally.events + (tally.records if target.records_are_events else 0),
+                "duplicates": tally.duplicates,
+                "late": late,
+                "dead_letters": tally.dead,
+            }
+            self._results = tally.changes + tally.records + late + tally.dead
+            self._step("before-store", batch_id)
+            if self.store is not None and target.redis:
+                account = BatchAccount(stats, tally.watermark, tally.held)
+                self._store(rows, batch_id, account)
+            laps.lap("redis")
+            self._step("after-store", batch_id)
+            lake_rows = 0
+            if tally.changes or tally.records:
+                # A batch without results (one that only moves the watermark) writes no
+                # lake batch: it has nothing to give the table its columns.
+                for lake in target.lakes:
+                    lake_rows = lake.write(self._lake_frame(rows), batch_id)
+            laps.lap("lake")
+            self._step("after-lake", batch_id)
+            last = self.publisher.committed(target.name)
+            if last is None or batch_id > last["batch_id"]:
+                kafka_records = 0
+                written = tally.outputs(len(target.topics)) + late
+                if written:
+                    records = self._records(rows, batch_id, late_rows)
+                    kafka_records = self.publisher.write(target.name, batch_id, records)
+                counts = {"kafka_records": kafka_records, "lake_rows": lake_rows}
+                marker = {
+                    "batch": {**stats, **counts},
+                    "totals": _added((last or {}).get("totals", {}), {**stats, **counts}),
+                    "watermark": tally.watermark,
+                    "at": iso(datetime.now(UTC)),
+                }
+                self.publisher.publish(
+                    target.name,
+                    batch_id,
+                    [],
+                    marker,
+                    lambda: self._step("in-transaction", batch_id),
+                )
+                if target.status_dir is not None:
+                    status = {"batch_id": batch_id, **marker}
+                    _write_status(target.status_dir, target.name, status)
+            laps.lap("kafka")
+            self._step("after-kafka", batch_id)
+        finally:
+            for held in (late_rows, late_events):
+                if held is not None:
+                    held.unpersist()
         print(
-            f"output {target.name} batch {batch_id}: {table.num_rows} rows, "
-            f"{changes.num_rows} changes, {records.num_rows} records in {laps}",
+            f"output {target.name} batch {batch_id}: {tally.changes} changes, "
+            f"{tally.records} records, {late} late, {tally.dead} dead letters in {laps}",
             flush=True,
         )
 
@@ -208,137 +242,141 @@ class OutputWriter:
         if self.on_step is not None:
             self.on_step(step, self.target.name, batch_id, self._results)
 
-    def _latest_records(self, records: pa.Table) -> list[tuple[str, str]]:
-        """A keyed stream's records as (key JSON, record JSON), in order: each key's last
-        is its latest."""
-        keys = self.target.source.keys
-        out = []
-        for text in records["row"].to_pylist():
-            row = json.loads(text)
-            out.append((json.dumps([row.get(k) for k in keys]), text))
-        return out
+    def _records(self, rows: DataFrame, batch_id: int, late: DataFrame | None) -> DataFrame:
+        """The batch's Kafka records (task_records.RECORD_COLUMNS), in the batch's
+        partitions: changes or a stream's records on each topic and dead letters, then
+        the late events' (partitions of their own)."""
+        target = self.target
+        parts = []
+        if target.topics:
+            if target.keys or target.aggregated:
+                parts.append(changelog(rows, target.topics, target.keys, batch_id))
+            else:
+                parts.append(stream_records(rows, target.topics, target.source.keys))
+        letters = dead_letters(
+            rows,
+            target.dlq_topic,
+            job=target.job,
+            schema=target.source.schema.name,
+            source_topic=target.source.topic,
+        )
+        # Each part keeps the batch's partitions (a union puts one's after the other's):
+        # what a partition holds is the same when Spark runs the batch again.
+        records = letters
+        for part in parts:
+            records = part.unionByName(records)
+        if late is not None:
+            records = records.unionByName(late)
+        return records
 
-    def _output_records(
-        self, topic: str, changes: pa.Table, records: pa.Table, batch_id: int
-    ) -> list[Record]:
-        if self.target.keys or changes.num_rows:
-            return changelog_records(topic, self.target.keys, changes, batch_id)
-        keys = self.target.source.keys
-        out: list[Record] = []
-        for text in records["row"].to_pylist():
-            row = json.loads(text)
-            key = json.dumps([row.get(k) for k in keys]).encode() if keys else None
-            out.append((topic, key, text.encode()))
-        return out
+    def _store(self, rows: DataFrame, batch_id: int, account: BatchAccount) -> None:
+        """The batch's windows (or a keyed stream's latest records) written to the
+        serving store by the tasks holding them; the batch's account from the driver."""
+        assert self.store is not None
+        target = self.target
+        if target.keys or target.aggregated:
+            self.store.write(target.name, store_windows(rows))
+        elif target.source.keys:
+            self.store.write(target.name, store_latest(rows, target.source.keys))
+        self.store.account(target.name, batch_id, account)
 
-    def _lake_frame(self, frame: DataFrame, records: pa.Table, changes: pa.Table) -> DataFrame:
+    def _lake_frame(self, rows: DataFrame) -> DataFrame:
         """The rows the lake gets: a stream's typed rows, or an aggregate's changes with a
         column per key and per aggregate."""
-        spark = frame.sparkSession
-        if not self.target.keys and self.target.row_schema is not None:
-            return (
-                spark.createDataFrame(records.select(["row"]))
-                .select(F.from_json("row", self.target.row_schema).alias("r"))
-                .select("r.*")
-            )
-        rows = []
-        for change in map(_change, changes.to_pylist()):
-            keys = json.loads(change["key"])
-            rows.append(
-                {
-                    **dict(zip(self.target.keys, keys, strict=True)),
-                    "window_start": from_epoch_ms(change["window_start"]),
-                    "window_end": from_epoch_ms(change["window_end"]),
-                    **(change["values"] or {}),
-                    "kind": change["kind"],
-                    "version": change["version"],
-                }
-            )
-        return spark.createDataFrame(pa.Table.from_pylist(rows))
+        target = self.target
+        if not target.keys and not target.aggregated and target.row_schema is not None:
+            return lake_stream_rows(rows, target.row_schema)
+        return lake_change_rows(rows, target.key_types, target.value_names)
 
-    def _late_events(
-        self, frame: DataFrame, rows: list[dict[str, Any]], behind: int
-    ) -> list[dict[str, Any]]:
-        """Each too-late event with its original bytes, read back from its topic by the
-        exact offsets the operator reported (or the stream join's input held)."""
-        if not rows:
-            return []
-        wanted: dict[tuple[str, int, int], dict[str, Any]] = {}
-        for r in rows:
-            topic = r["src_topic"] or self.target.source.topic
-            if r["kind"] == BEHIND:
-                # An event the join dropped: once, however many rows it made before.
-                wanted[(topic, r["src_partition"], r["src_offset"])] = {**r, "watermark": behind}
-                continue
-            for offset in r["offsets"]:
-                wanted[(topic, r["src_partition"], offset)] = r
-        found: list[dict[str, Any]] = []
-        for topic in sorted({t for t, _, _ in wanted}):
-            ranges: dict[int, tuple[int, int]] = {}
-            for partition, offset in ((p, o) for t, p, o in wanted if t == topic):
-                low, high = ranges.get(partition, (offset, offset))
-                ranges[partition] = (min(low, offset), max(high, offset))
-            raw = self.reader.read_range(frame.sparkSession, topic, ranges)
-            found += [
-                {
-                    **wanted[(topic, r["partition"], r["offset"])],
-                    "src_topic": topic,
-                    "src_offset": r["offset"],
-                    "value": r["value"],
-                }
-                for r in raw.select("partition", "offset", "value").collect()
-                if (topic, r["partition"], r["offset"]) in wanted
-            ]
-        if len(found) != len(wanted):
-            topics = ", ".join(repr(t) for t in sorted({t for t, _, _ in wanted}))
+    def _late_records(self, events: DataFrame) -> tuple[DataFrame, int]:
+        """The late topic's records of the batch's too-late events, each with its
+        original bytes read back from its topic by the exact offsets the operator
+        reported (or the stream join's input held), and how many there are."""
+        spans = events.groupBy("t", "p").agg(
+            F.min("o").alias("low"), F.max("o").alias("high"), F.count("*").alias("n")
+        )
+        wanted: dict[str, dict[int, tuple[int, int]]] = {}
+        count = 0
+        for span in spans.collect():  # one row per source partition
+            wanted.setdefault(span["t"], {})[int(span["p"])] = (int(span["low"]), int(span["high"]))
+            count += int(span["n"])
+        spark = events.sparkSession
+        raw: DataFrame | None = None
+        for topic in sorted(wanted):
+            read = self.reader.read_range(spark, topic, wanted[topic]).select(
+                F.lit(topic).alias("topic"), "partition", "offset", "value"
+            )
+            raw = read if raw is None else raw.unionByName(read)
+        assert raw is not None
+        records = late_records(
+            events,
+            raw,
+            self.target.late_topic,
+            output=self.target.name,
+            late_keys=self.target.late_keys,
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        found = records.count()
+        if found != count:
+            records.unpersist()
+            topics = ", ".join(repr(t) for t in sorted(wanted))
             raise PartialBatchError(
-                f"found {len(found)} of the {len(wanted)} too-late events of {topics}: "
+                f"found {found} of the {count} too-late events of {topics}: "
                 "not publishing a partial batch"
             )
-        return sorted(found, key=lambda r: (r["src_topic"], r["src_partition"], r["src_offset"]))
+        return records, count
 
-    def _late_record(self, r: dict[str, Any]) -> Record:
-        where = {
-            "event": bytes(r["value"]).decode("utf-8", errors="replace"),
-            "source_topic": r["src_topic"],
-            "source_partition": r["src_partition"],
-            "source_offset": r["src_offset"],
-        }
-        if r["kind"] == BEHIND:
-            on = json.loads(r["row"])
-            value = {
-                "output": self.target.name,
-                "reason": r["reason"],
-                "watermark": iso(from_epoch_ms(r["watermark"])),
-                "key": on,
-                "event_time": iso(from_epoch_ms(r["event_time"])),
-                **where,
-            }
-            return self.target.late_topic, r["key"].encode(), json.dumps(value).encode()
-        keys = json.loads(r["key"])
-        value = {
-            "output": self.target.name,
-            "reason": r["reason"],
-            "watermark": iso(from_epoch_ms(r["watermark"])),
-            "key": dict(zip(self.target.late_keys, keys, strict=True)),
-            "window_start": iso(from_epoch_ms(r["window_start"])),
-            "window_end": iso(from_epoch_ms(r["window_end"])),
-            **where,
-        }
-        return self.target.late_topic, r["key"].encode(), json.dumps(value).encode()
 
-    def _dead_letter(self, r: dict[str, Any]) -> Record:
-        value = r["value"]
-        body = {
-            "error": r["reason"],
-            "schema": self.target.source.schema.name,
-            "job": self.target.job,
-            "source_topic": self.target.source.topic,
-            "source_partition": r["src_partition"],
-            "source_offset": r["src_offset"],
-            "value_base64": base64.b64encode(bytes(value)).decode() if value else None,
-        }
-        return self.target.dlq_topic, None, json.dumps(body).encode()
+@dataclass(frozen=True)
+class _Tally:
+    """What the driver knows of a batch: counts, from one small aggregation."""
+
+    changes: int
+    records: int
+    too_late: int
+    dead: int
+    events: int
+    duplicates: int
+    watermark: int
+    held: dict[int, int]
+
+    @classmethod
+    def of(cls, rows: DataFrame) -> _Tally:
+        kind = F.col("kind")
+        counted = kind.isin(STATS, CLOSED)
+
+        def count(condition: SparkColumn) -> SparkColumn:
+            return F.count(F.when(condition, 1))
+
+        groups = rows.groupBy(F.when(counted, F.col("window_start")).alias("w")).agg(
+            count(kind.isin(*CHANGES)).alias("changes"),
+            count(kind == RECORD).alias("records"),
+            count(kind.isin(LATE, BEHIND)).alias("too_late"),
+            count(kind == DEAD).alias("dead"),
+            F.sum(F.when(kind == STATS, F.col("events"))).alias("events"),
+            F.sum(F.when(kind == STATS, F.col("duplicates"))).alias("duplicates"),
+            F.max("watermark").alias("watermark"),
+            F.sum(F.when(counted, F.col("held"))).alias("held"),
+        )
+        found = groups.collect()  # a row per window with statistics, and one for the rest
+
+        def total(name: str) -> int:
+            return sum(int(g[name] or 0) for g in found)
+
+        held = {int(g["w"]): int(g["held"]) for g in found if g["w"] is not None and g["held"]}
+        return cls(
+            changes=total("changes"),
+            records=total("records"),
+            too_late=total("too_late"),
+            dead=total("dead"),
+            events=total("events"),
+            duplicates=total("duplicates"),
+            watermark=max((int(g["watermark"] or 0) for g in found), default=0),
+            held=held,
+        )
+
+    def outputs(self, topics: int) -> int:
+        """How many records the batch's rows make (late events aside)."""
+        return (self.changes + self.records) * topics + self.dead
 
 
 class _Laps:
@@ -356,23 +394,6 @@ class _Laps:
     def __str__(self) -> str:
         steps = ", ".join(f"{step} {seconds:.2f}s" for step, seconds in self.spent.items())
         return f"{self.last - self.began:.2f}s ({steps})"
-
-
-def _unpacked(table: pa.Table) -> pa.Table:
-    """The batch's rows with a window operator's packed rows unpacked, without
-    ``packed``."""
-    packed = pc.equal(table["kind"], PACKED)
-    rest = table.filter(pc.invert(packed)).drop_columns(["packed"])
-    if not pc.any(packed).as_py():
-        return rest
-    rows = unpack(table.filter(packed)["packed"], OUTPUT_ARROW_SCHEMA)
-    columns = [
-        rows[f.name].cast(f.type)
-        if f.name in rows.column_names
-        else pa.nulls(rows.num_rows, f.type)
-        for f in rest.schema
-    ]
-    return pa.concat_tables([rest, pa.Table.from_arrays(columns, schema=rest.schema)])
 
 
 def changelog_records(
@@ -422,21 +443,6 @@ def _key_items(keys: pa.ChunkedArray, n: int) -> list[Column]:
 
 def _bytes(texts: Column) -> list[bytes]:
     return list(pc.cast(texts, pa.binary()).to_pylist())
-
-
-def _change(row: dict[str, Any]) -> dict[str, Any]:
-    values = json.loads(row["values"]) if row["values"] else None
-    previous = json.loads(row["previous"]) if row["previous"] else None
-    final = row["kind"] == "final" or (
-        row["kind"] == "correction" and row["window_end"] <= row["watermark"]
-    )
-    return {**row, "values": values, "previous": previous, "final": final}
-
-
-def _sorted_changes(changes: pa.Table) -> pa.Table:
-    return changes.sort_by(
-        [("key", "ascending"), ("window_start", "ascending"), ("version", "ascending")]
-    )
 
 
 def _added(totals: dict[str, int], batch: dict[str, int]) -> dict[str, int]:

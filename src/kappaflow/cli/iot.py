@@ -24,6 +24,7 @@ from kappaflow.iot.evaluation import (
     judge,
     read_series,
     replay,
+    scores_name,
     write_scores,
 )
 from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
@@ -225,7 +226,7 @@ def evaluate(
     nab = Report()
     labelled = 0
     for name, s in series.items():
-        write_scores(out_dir / name, s, scores[name])
+        write_scores(out_dir / scores_name(name), s, scores[name])
         rows += len(s.values)
         if s.labels is not None:
             labelled += 1

@@ -169,7 +169,9 @@ def _row_weights(length: int, spans: Sequence[tuple[int, int]]) -> tuple[np.ndar
     return window_of, value
 
 
-def score_series(scores: Sequence[float], labels: Sequence[bool], threshold: float) -> Report:
+def score_series(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[bool], threshold: float
+) -> Report:
     """The NAB tallies of one series' scores, detections being scores >= ``threshold``."""
     length = len(labels)
     spans = windows(labels)

@@ -364,7 +364,7 @@ def _among(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
     show_default=True,
     type=click.Path(dir_okay=False, path_type=Path),
 )
-@click.option("--models", default="forecast,robust", show_default=True)
+@click.option("--models", default="likelihood,forecast,robust", show_default=True)
 @click.option("--batch", default=512, show_default=True, type=click.IntRange(min=1))
 def iot_anomaly(data: Path, out_file: Path, models: str, batch: int) -> None:
     """The anomaly models on the repository's own labelled series (a development set and

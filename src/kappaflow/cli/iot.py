@@ -28,7 +28,7 @@ from kappaflow.iot.evaluation import (
     write_scores,
 )
 from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
-from kappaflow.iot.models import ALERT_SCORE, DEFAULT_MODEL, MODELS
+from kappaflow.iot.models import ALERT_SCORE, EVALUATE_MODEL, MODELS
 from kappaflow.iot.nab import Report, score_series
 from kappaflow.iot.simulator import FleetConfig, Simulation
 from kappaflow.iot.telemetry import EVENTS_TOPIC, READINGS_TOPIC
@@ -172,7 +172,7 @@ def simulate(
 @click.option(
     "--model",
     type=click.Choice(sorted(MODELS)),
-    default=DEFAULT_MODEL,
+    default=EVALUATE_MODEL,
     show_default=True,
     help="the anomaly model trained and scored with",
 )

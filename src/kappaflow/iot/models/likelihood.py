@@ -2,8 +2,9 @@
 
 The raw surprise is the distance of a reading from the median of the ``WINDOW`` readings
 before it, in their median absolute deviations (scaled to a standard deviation for normal
-noise), and never in less than ``FLOOR`` of the range the series has shown: a constant
-stretch does not make the next small move a ten-thousand-sigma event. The mean of the last
+noise), and never in less than ``FLOOR`` of the range the series has shown nor ``USUAL`` of
+a window's usual deviation on the series (learnt): a constant stretch does not make the
+next small move a ten-thousand-sigma event. The mean of the last
 ``SMOOTH`` surprises is scored against the distribution of those the trainer saw on the
 same series (``scoring.tail_probability``: a learnt exponential tail above two spreads, a
 normal one below), as Numenta's anomaly likelihood scores the short mean of its raw scores
@@ -50,6 +51,10 @@ from kappaflow.iot.models.scoring import tail_probability
 WINDOW = 64
 #: The widths of a spike, in readings, that ``spike_surprise`` looks for.
 SPIKE_WIDTHS = (1, 2)
+#: The share of the usual deviation of a window (learnt) below which a window's deviation
+#: is not taken, and how fast that usual deviation forgets.
+USUAL = 0.5
+_USUAL_RATE = 1.0 / 500.0
 #: Readings in the window before a surprise is measured.
 LEAST = 8
 SMOOTH = 2
@@ -58,29 +63,38 @@ _MAD_TO_SD = 1.4826
 _TINY = 1e-12
 
 
-def window_surprise(window: Sequence[float], value: float, span: float) -> float:
-    """``value``'s distance from the median of ``window`` in its (scaled) median absolute
-    deviations, which are taken to be no less than ``FLOOR`` of ``span``; 0 while the
-    window holds fewer than ``LEAST`` readings."""
-    if len(window) < LEAST:
-        return 0.0
+def median_spread(window: Sequence[float]) -> tuple[float, float]:
+    """The median of ``window`` and its median absolute deviation, scaled to a deviation."""
     ordered = sorted(window)
     middle = ordered[len(ordered) // 2]
     deviations = sorted(abs(v - middle) for v in window)
-    spread = deviations[len(deviations) // 2] * _MAD_TO_SD
-    return abs(value - middle) / max(spread, FLOOR * span, _TINY)
+    return middle, deviations[len(deviations) // 2] * _MAD_TO_SD
 
 
-def spike_surprise(window: Sequence[float], value: float, span: float) -> float:
+def window_surprise(
+    window: Sequence[float], value: float, span: float, usual: float = 0.0
+) -> float:
+    """``value``'s distance from the median of ``window`` in its (scaled) median absolute
+    deviations, which are taken to be no less than ``FLOOR`` of ``span`` nor ``USUAL`` of
+    the ``usual`` deviation (a window gone flat does not make the next move a
+    thousand-sigma event); 0 while the window holds fewer than ``LEAST`` readings."""
+    if len(window) < LEAST:
+        return 0.0
+    middle, spread = median_spread(window)
+    return abs(value - middle) / max(spread, FLOOR * span, USUAL * usual, _TINY)
+
+
+def spike_surprise(window: Sequence[float], value: float, span: float, usual: float = 0.0) -> float:
     """How far the last one or two readings of ``window`` stood out from both the reading
     before them and ``value`` (a spike that came back), in the window's median absolute
     change from reading to reading (scaled to a deviation; no less than ``FLOOR`` of
-    ``span``). A step up or down that stays, as a square wave's, is no spike."""
+    ``span`` nor ``USUAL`` of the ``usual`` deviation). A step up or down that stays, as a
+    square wave's, is no spike."""
     if len(window) < LEAST:
         return 0.0
     recent = list(window)
     changes = sorted(abs(b - a) for a, b in pairwise(recent))
-    scale = max(changes[len(changes) // 2] * _MAD_TO_SD, FLOOR * span, _TINY)
+    scale = max(changes[len(changes) // 2] * _MAD_TO_SD, FLOOR * span, USUAL * usual, _TINY)
     most = 0.0
     for width in SPIKE_WIDTHS:
         top, before = recent[-width:], recent[-width - 1]
@@ -132,22 +146,28 @@ class LikelihoodTrainer(Trainer):
         self._recent: deque[float] = deque(maxlen=SMOOTH)
         self._pending: float | None = None
         self._spikes = SurpriseTail()
+        self.usual = 0.0
+        self._windows = 0
 
     def _span(self) -> float:
         return self.high - self.low if self.high > self.low else 0.0
 
     def surprise(self, value: float) -> float:
         # The short mean the scorer scores; the raw surprise is kept for update().
-        raw = window_surprise(self._window, value, self._span())
+        raw = window_surprise(self._window, value, self._span(), self.usual)
         self._pending = raw
-        self._spikes.learn(spike_surprise(self._window, value, self._span()))
+        self._spikes.learn(spike_surprise(self._window, value, self._span(), self.usual))
         return (sum(self._recent) + raw) / (len(self._recent) + 1)
 
     def update(self, value: float) -> None:
         raw = self._pending
         if raw is None:
-            raw = window_surprise(self._window, value, self._span())
+            raw = window_surprise(self._window, value, self._span(), self.usual)
         self._pending = None
+        if len(self._window) >= LEAST:
+            self._windows += 1
+            rate = max(_USUAL_RATE, 1.0 / self._windows)
+            self.usual += rate * (median_spread(self._window)[1] - self.usual)
         self._recent.append(raw)
         self._window.append(value)
         self.low, self.high = min(self.low, value), max(self.high, value)
@@ -158,13 +178,14 @@ class LikelihoodTrainer(Trainer):
         return {
             "low": self.low if seen else 0.0,
             "high": self.high if seen else 0.0,
+            "usual": self.usual,
             "spike": self._spikes.published(),
         }
 
 
 def _raw(params: Params, history: Sequence[float], value: float) -> float:
     span = max(float(params["high"]) - float(params["low"]), 0.0)
-    return window_surprise(history, value, span)
+    return window_surprise(history, value, span, float(params["usual"]))
 
 
 def _spike_tail(params: Params, history: Sequence[float], value: float) -> float:
@@ -172,7 +193,7 @@ def _spike_tail(params: Params, history: Sequence[float], value: float) -> float
     span = max(float(params["high"]) - float(params["low"]), 0.0)
     mean, spread, start, share, scale = params["spike"]
     seen = {"surprise": [mean, spread], "tail": [start, share, scale]}
-    return tail_probability(seen, spike_surprise(history, value, span))
+    return tail_probability(seen, spike_surprise(history, value, span, float(params["usual"])))
 
 
 LIKELIHOOD = Model(
@@ -182,7 +203,12 @@ LIKELIHOOD = Model(
     history=WINDOW,
     summary=f"distance from the median of the last {WINDOW} readings, scored as a "
     "likelihood, with range and flat-line guards and one alarm per incident",
-    shape={"$.low": "double", "$.high": "double", "$.spike": "array<double>"},
+    shape={
+        "$.low": "double",
+        "$.high": "double",
+        "$.usual": "double",
+        "$.spike": "array<double>",
+    },
     lengths={"$.spike": 5},
     smooth=SMOOTH,
     guards=True,

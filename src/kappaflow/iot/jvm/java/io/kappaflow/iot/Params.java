@@ -24,6 +24,7 @@ public final class Params {
   final double[] coef;
   final double low;
   final double high;
+  final double usual;
   final double[] spike;
 
   private Params(JsonNode p, String model) {
@@ -54,6 +55,7 @@ public final class Params {
     this.errorSpread = forecast ? number(p, "error_spread").doubleValue() : 0.0;
     this.low = likelihood ? number(p, "low").doubleValue() : 0.0;
     this.high = likelihood ? number(p, "high").doubleValue() : 0.0;
+    this.usual = likelihood ? number(p, "usual").doubleValue() : 0.0;
     this.spike = new double[5];
     if (likelihood) {
       JsonNode given = numbers(p, "spike");

@@ -34,6 +34,7 @@ public final class SeriesScorer {
   static final int WINDOW = 64;
   static final int LEAST = 8;
   static final double FLOOR = 0.01;
+  static final double USUAL = 0.5;
   static final double MAD_TO_SD = 1.4826;
   static final double WINDOW_TINY = 1e-12;
   static final int PROBATION = 100;
@@ -41,7 +42,7 @@ public final class SeriesScorer {
   static final double RANGE_TOLERANCE = 0.05;
   static final int FLAT_LEAST = 10;
   static final double MUTED = 0.49;
-  static final double RANGE_SURPRISE = 4.0;
+  static final double RANGE_SURPRISE = 5.0;
   static final double RANGE_FAR = 0.25;
 
   private final Family family;
@@ -286,7 +287,7 @@ public final class SeriesScorer {
     LIKELIHOOD(WINDOW, 2, true) {
       @Override
       double raw(Params p, ArrayDeque<Double> history, double value) {
-        return windowSurprise(history, value, Math.max(p.high - p.low, 0.0));
+        return windowSurprise(history, value, Math.max(p.high - p.low, 0.0), p.usual);
       }
 
       @Override
@@ -308,7 +309,7 @@ public final class SeriesScorer {
     /** How often the trainer saw a spike as large as the one {@code value} ends, if any. */
     static double spikeTail(Params p, ArrayDeque<Double> history, double value) {
       double[] s = p.spike;
-      double surprise = spikeSurprise(history, value, Math.max(p.high - p.low, 0.0));
+      double surprise = spikeSurprise(history, value, Math.max(p.high - p.low, 0.0), p.usual);
       return tailProbability(s[0], s[1], s[2], s[3], s[4], surprise);
     }
 
@@ -316,7 +317,8 @@ public final class SeriesScorer {
      * How far the last one or two readings of {@code window} stood out from both the reading
      * before them and {@code value}, in the window's scaled median absolute change.
      */
-    static double spikeSurprise(ArrayDeque<Double> window, double value, double span) {
+    static double spikeSurprise(
+        ArrayDeque<Double> window, double value, double span, double usual) {
       int size = window.size();
       if (size < LEAST) {
         return 0.0;
@@ -332,7 +334,9 @@ public final class SeriesScorer {
       }
       java.util.Arrays.sort(changes);
       double scale =
-          Math.max(changes[changes.length / 2] * MAD_TO_SD, Math.max(FLOOR * span, WINDOW_TINY));
+          Math.max(
+              Math.max(changes[changes.length / 2] * MAD_TO_SD, FLOOR * span),
+              Math.max(USUAL * usual, WINDOW_TINY));
       double most = 0.0;
       for (int width = 1; width <= 2; width++) {
         double topLow = Double.POSITIVE_INFINITY;
@@ -350,9 +354,11 @@ public final class SeriesScorer {
 
     /**
      * The distance of {@code value} from the median of {@code window} in its scaled median
-     * absolute deviations, taken to be no less than FLOOR of {@code span}.
+     * absolute deviations, taken to be no less than FLOOR of {@code span} nor USUAL of the
+     * {@code usual} deviation.
      */
-    static double windowSurprise(ArrayDeque<Double> window, double value, double span) {
+    static double windowSurprise(
+        ArrayDeque<Double> window, double value, double span, double usual) {
       int size = window.size();
       if (size < LEAST) {
         return 0.0;
@@ -371,7 +377,8 @@ public final class SeriesScorer {
       }
       java.util.Arrays.sort(deviations);
       double spread = deviations[size / 2] * MAD_TO_SD;
-      return Math.abs(value - middle) / Math.max(spread, Math.max(FLOOR * span, WINDOW_TINY));
+      return Math.abs(value - middle)
+          / Math.max(Math.max(spread, FLOOR * span), Math.max(USUAL * usual, WINDOW_TINY));
     }
 
     abstract double raw(Params p, ArrayDeque<Double> history, double value);

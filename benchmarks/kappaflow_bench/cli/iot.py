@@ -349,4 +349,55 @@ def _among(text: str, allowed: tuple[str, ...], option: str) -> list[str]:
     return names
 
 
-COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency)
+@click.command("iot-anomaly")
+@click.option(
+    "--data",
+    default="data/anomaly",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="the development and held-out series (made there first where missing)",
+)
+@click.option(
+    "--out",
+    "out_file",
+    default="data/anomaly/results.json",
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+)
+@click.option("--models", default="likelihood,forecast,robust", show_default=True)
+@click.option("--batch", default=512, show_default=True, type=click.IntRange(min=1))
+def iot_anomaly(data: Path, out_file: Path, models: str, batch: int) -> None:
+    """The anomaly models on the repository's own labelled series (a development set and
+    a held-out set), scored by the NAB rules in their three profiles at the alert score,
+    beside a rolling z-score whose window and threshold are the development set's best."""
+    from kappaflow.iot.models import MODELS
+    from kappaflow.iot.nab import PROFILES
+    from kappaflow_bench.anomaly_eval import run
+
+    result = run(data, out_file, _among(models, tuple(sorted(MODELS)), "--models"), batch)
+    rows: list[list[object]] = []
+    named = [(m, e) for m, e in result["models"].items()]
+    named.append(("zscore", result["zscore"]))
+    for model, entry in named:
+        for part in ("dev", "holdout"):
+            figures = entry[part]
+            rows.append(
+                [
+                    model,
+                    part,
+                    f"{figures['found']}/{figures['windows']}",
+                    figures["false_positives"],
+                    *(figures[p.name] for p in PROFILES),
+                ]
+            )
+    table(
+        "NAB scores at the alert score",
+        ["model", "set", "found", "false positives", *(p.name for p in PROFILES)],
+        rows,
+    )
+    zscore = result["zscore"]
+    say(f"zscore: window {zscore['window']}, z >= {zscore['threshold']:g} (the dev set's best)")
+    say(f"written to {out_file}")
+
+
+COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency, iot_anomaly)

@@ -24,10 +24,12 @@ from kappaflow.iot.evaluation import (
     judge,
     read_series,
     replay,
+    scores_name,
     write_scores,
 )
 from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
-from kappaflow.iot.models import ALERT_SCORE, DEFAULT_MODEL, MODELS
+from kappaflow.iot.models import ALERT_SCORE, EVALUATE_MODEL, MODELS
+from kappaflow.iot.nab import Report, score_series
 from kappaflow.iot.simulator import FleetConfig, Simulation
 from kappaflow.iot.telemetry import EVENTS_TOPIC, READINGS_TOPIC
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS
@@ -170,7 +172,7 @@ def simulate(
 @click.option(
     "--model",
     type=click.Choice(sorted(MODELS)),
-    default=DEFAULT_MODEL,
+    default=EVALUATE_MODEL,
     show_default=True,
     help="the anomaly model trained and scored with",
 )
@@ -206,7 +208,9 @@ def evaluate(
     file, a CSV file timestamp,value,anomaly_score with one row per input row, in the
     same order, is written at the same relative path under --out. Where the input has an
     is_anomaly (or label) column, the detections at the alert score are judged against
-    it. Prints one JSON line: files, rows, seconds and the judgement.
+    it, and scored by the Numenta Anomaly Benchmark's rules (windows around each labelled
+    anomaly, its three profiles: see kappaflow.iot.nab). Prints one JSON line: files,
+    rows, seconds, the judgement and the NAB scores.
     """
     files = corpus(input_dir)
     if not files:
@@ -219,13 +223,15 @@ def evaluate(
         scores = _through_kafka(ctx, series, model, batch)
     rows = 0
     verdict = Verdict()
+    nab = Report()
     labelled = 0
     for name, s in series.items():
-        write_scores(out_dir / name, s, scores[name])
+        write_scores(out_dir / scores_name(name), s, scores[name])
         rows += len(s.values)
         if s.labels is not None:
             labelled += 1
             verdict.add(judge(scores[name], s.labels))
+            nab.add(score_series(scores[name], s.labels, ALERT_SCORE))
     summary: dict[str, object] = {
         "files": len(files),
         "rows": rows,
@@ -238,6 +244,7 @@ def evaluate(
     if labelled:
         summary["labelled_files"] = labelled
         summary["judgement"] = {"threshold": ALERT_SCORE, **verdict.to_json()}
+        summary["nab"] = {"threshold": ALERT_SCORE, **nab.to_json()}
     json_line(summary)
 
 

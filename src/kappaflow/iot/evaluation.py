@@ -14,11 +14,13 @@ measure the detections against the labels.
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from kappaflow.errors import CommandLineError
 from kappaflow.iot.models import ALERT_SCORE, Model, Params, Scorer
@@ -46,8 +48,13 @@ def parse_time(text: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+def _open(path: Path) -> TextIO:
+    return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")
+
+
 def read_series(path: Path) -> Series:
-    with path.open(newline="") as source:
+    """The series of a CSV file (gzipped where its name ends in ``.gz``)."""
+    with _open(path) as source:
         rows = csv.reader(source)
         header = [name.strip().lower() for name in next(rows, [])]
         if header[:2] != ["timestamp", "value"]:
@@ -266,5 +273,12 @@ def judge(
 
 
 def corpus(root: Path) -> list[Path]:
-    """Every CSV file under ``root``, in a stable order."""
-    return sorted(path for path in root.rglob("*.csv") if path.is_file())
+    """Every CSV file under ``root`` (``.csv``, or gzipped ``.csv.gz``), in a stable order."""
+    found = [*root.rglob("*.csv"), *root.rglob("*.csv.gz")]
+    return sorted(path for path in found if path.is_file())
+
+
+def scores_name(name: str) -> str:
+    """Where the scores of the series at relative path ``name`` go: the same path, as
+    plain CSV."""
+    return name.removesuffix(".gz")

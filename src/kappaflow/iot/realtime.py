@@ -81,7 +81,7 @@ from kappaflow.streams.schema import compile_schema
 #: The part whose driver runs the query.
 PART = "score"
 #: The families the JVM scorer knows.
-FAMILIES = ("forecast", "robust")
+FAMILIES = ("forecast", "robust", "likelihood")
 
 _READING = StructType(
     [
@@ -140,7 +140,8 @@ def _family(params: Mapping[str, str]) -> str:
     model = params.get("model", DEFAULT_MODEL)
     if model not in FAMILIES:
         raise kf.InvalidParameterError(
-            f"model {model!r}: the real-time scorer scores {' and '.join(FAMILIES)}"
+            f"model {model!r}: the real-time scorer scores "
+            f"{' and '.join(FAMILIES[:-1])} as well as {FAMILIES[-1]}"
         )
     return model
 

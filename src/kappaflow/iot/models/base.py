@@ -153,6 +153,15 @@ class Model:
     #: checks of parameters it reads before it scores with them.
     shape: Mapping[str, str] = field(default_factory=dict)
     lengths: Mapping[str, int] = field(default_factory=dict)
+    #: Raw surprises the scorer averages before it scores them (at least; a scorer may be
+    #: asked for more).
+    smooth: int = 1
+    #: Whether the scorer guards the score (``scoring.Scorer``): a probation period, new
+    #: extremes and flat lines outlasting any before them, one alarm per incident.
+    guards: bool = False
+    #: A second surprise's tail probability given the parameters, the readings before and
+    #: the reading (None: none), scored beside the first: the score is the larger.
+    extra_tail: Callable[[Params, Sequence[float], float], float] | None = None
 
 
 #: Every family's parameters have these beside their own (``Trainer.params``).

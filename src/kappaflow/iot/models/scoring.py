@@ -14,6 +14,17 @@ hundreds of times more normal readings at 0.5 than it promised
 
 A sensor that repeats one value ``STUCK_RUN`` times, on a series that seldom repeats a
 value (``repeats`` in the parameters), scores at least ``ALERT_SCORE`` while it lasts.
+
+A family with ``guards`` (``likelihood``) is scored differently around the tail: no
+reading scores during the first ``PROBATION`` readings; a reading beyond the range seen so
+far by more than ``RANGE_TOLERANCE`` of it scores 1.0 (once per new extreme, since the
+range grows with it) where it is surprising too (a raw surprise of ``RANGE_SURPRISE``) or
+far beyond (``RANGE_FAR`` of the range: a trend's steady new highs are neither), and so
+does a value repeated once more than the longest repeat seen
+before (and at least ``FLAT_LEAST`` times); after a score at the alert score, the next
+``MUTE`` readings are held just under it (``MUTED``), since NAB-style judges and people
+alike count one incident once: the first alarm is what matters, each further one in the
+same incident earns nothing and, outside it, costs a false alarm.
 """
 
 from __future__ import annotations
@@ -31,6 +42,18 @@ _LOG_CAP = 10.0
 _MIN_TAIL = 1e-300
 _RARE_REPEATS = 0.02
 _TINY = 1e-9
+#: The guards' constants, chosen on the development series (data/anomaly, make
+#: eval-anomaly): readings of probation, readings held under the alert score after an
+#: alarm, the share of the range a new extreme must pass it by (and the raw surprise it
+#: must have, unless it passes the range by ``RANGE_FAR``), the least repeats of a flat
+#: line, and the score of a muted reading.
+PROBATION = 100
+MUTE = 100
+RANGE_TOLERANCE = 0.05
+FLAT_LEAST = 10
+MUTED = 0.49
+RANGE_SURPRISE = 5.0
+RANGE_FAR = 0.25
 
 
 def tail_probability(params: Params, surprise: float) -> float:
@@ -52,20 +75,39 @@ class Scorer:
     def __init__(self, model: Model, smooth: int = 1) -> None:
         self.model = model
         self._history: deque[float] = deque(maxlen=max(model.history, 1))
-        self._raw: deque[float] = deque(maxlen=max(smooth, 1))
+        self._raw: deque[float] = deque(maxlen=max(smooth, model.smooth, 1))
         self._run = 0
         self._last: float | None = None
         self._clipped = 0
+        # The guards' memory: readings seen, readings still muted, the range seen, the
+        # longest run of repeats seen.
+        self._seen = 0
+        self._quiet = 0
+        self._low = math.inf
+        self._high = -math.inf
+        self._longest = 0
+        # The current reading's raw surprise (0 without parameters), for the guards.
+        self._surprise = 0.0
 
     def state(self) -> dict[str, Any]:
         """What the scorer remembers, JSON-ready, for ``restore``."""
-        return {
+        memory: dict[str, Any] = {
             "history": list(self._history),
             "raw": list(self._raw),
             "run": self._run,
             "last": self._last,
             "clipped": self._clipped,
         }
+        if self.model.guards:
+            seen = self._high >= self._low
+            memory["guard"] = {
+                "seen": self._seen,
+                "quiet": self._quiet,
+                "low": self._low if seen else None,
+                "high": self._high if seen else None,
+                "longest": self._longest,
+            }
+        return memory
 
     @classmethod
     def restore(cls, model: Model, state: dict[str, Any] | None, smooth: int = 1) -> Scorer:
@@ -77,15 +119,31 @@ class Scorer:
             scorer._run = int(state["run"])
             scorer._last = state["last"]
             scorer._clipped = int(state.get("clipped", 0))
+            guard = state.get("guard")
+            if guard is not None:
+                scorer._seen, scorer._quiet = int(guard["seen"]), int(guard["quiet"])
+                if guard["low"] is not None:
+                    scorer._low, scorer._high = float(guard["low"]), float(guard["high"])
+                scorer._longest = int(guard["longest"])
         return scorer
 
     def score(self, value: float, params: Params | None) -> float:
         """The anomaly score of ``value``, then remember it as the latest reading."""
         if not math.isfinite(value):
             return 1.0
-        self._run = self._run + 1 if value == self._last else 1
+        repeated = value == self._last
+        if not repeated and self._run > 1:
+            # A run of repeats ended: the guards remember the longest.
+            self._longest = max(self._longest, self._run - 1)
+        self._run = self._run + 1 if repeated else 1
         self._last = value
+        if not self.model.guards:
+            return self._tail_score(value, params)
+        return self._guard(value, self._tail_score(value, params))
+
+    def _tail_score(self, value: float, params: Params | None) -> float:
         remembered = value
+        self._surprise = 0.0
         try:
             if params is None or params["n"] < WARMUP:
                 return 0.0
@@ -98,11 +156,45 @@ class Scorer:
                 remembered = self.model.remember(params, self._history, value)
                 self._clipped = self._clipped + 1 if remembered != value else 0
             raw = self.model.raw(params, self._history, value)
+            self._surprise = raw
             self._raw.append(raw)
-            tail = max(tail_probability(params, sum(self._raw) / len(self._raw)), _MIN_TAIL)
+            tail = tail_probability(params, sum(self._raw) / len(self._raw))
+            if self.model.extra_tail is not None:
+                tail = min(tail, self.model.extra_tail(params, self._history, value))
+            tail = max(tail, _MIN_TAIL)
             score = min(1.0, max(0.0, -math.log10(tail) / _LOG_CAP))
-            if self._run >= STUCK_RUN and params["repeats"] < _RARE_REPEATS:
+            if (
+                not self.model.guards
+                and self._run >= STUCK_RUN
+                and params["repeats"] < _RARE_REPEATS
+            ):
                 score = max(score, ALERT_SCORE)
             return score
         finally:
             self._history.append(remembered)
+
+    def _guard(self, value: float, score: float) -> float:
+        """``score`` with the guards of a guarded family applied, which learn ``value``."""
+        self._seen += 1
+        span = self._high - self._low
+        if self._seen > PROBATION and span > 0:
+            margin = RANGE_TOLERANCE * span
+            beyond = value > self._high + margin or value < self._low - margin
+            far = span * RANGE_FAR
+            if beyond and (
+                self._surprise >= RANGE_SURPRISE
+                or value > self._high + far
+                or value < self._low - far
+            ):
+                score = 1.0
+        if self._seen > PROBATION and self._run - 1 == max(self._longest, FLAT_LEAST) + 1:
+            score = 1.0
+        self._low, self._high = min(self._low, value), max(self._high, value)
+        if self._seen <= PROBATION:
+            return 0.0
+        if self._quiet > 0:
+            self._quiet -= 1
+            return min(score, MUTED)
+        if score >= ALERT_SCORE:
+            self._quiet = MUTE
+        return score

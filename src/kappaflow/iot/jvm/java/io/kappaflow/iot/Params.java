@@ -4,7 +4,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 
 /**
  * A model's published parameters (a {@code models} record's {@code params}), read for
- * scoring: what every family has, and the {@code forecast} and {@code robust} families' own.
+ * scoring: what every family has, and the {@code forecast}, {@code robust} and {@code
+ * likelihood} families' own.
  */
 public final class Params {
   public final String model;
@@ -21,6 +22,10 @@ public final class Params {
   final double scale;
   final double errorSpread;
   final double[] coef;
+  final double low;
+  final double high;
+  final double usual;
+  final double[] spike;
 
   private Params(JsonNode p, String model) {
     this.model = model;
@@ -41,13 +46,28 @@ public final class Params {
     this.tailScale = tail.get(2).asDouble();
     this.repeats = number(p, "repeats").doubleValue();
     boolean robust = "robust".equals(model);
+    boolean forecast = "forecast".equals(model);
+    boolean likelihood = "likelihood".equals(model);
     this.level = robust ? number(p, "level").doubleValue() : 0.0;
     this.spread = robust ? number(p, "spread").doubleValue() : 0.0;
-    this.centre = robust ? 0.0 : number(p, "centre").doubleValue();
-    this.scale = robust ? 0.0 : number(p, "scale").doubleValue();
-    this.errorSpread = robust ? 0.0 : number(p, "error_spread").doubleValue();
+    this.centre = forecast ? number(p, "centre").doubleValue() : 0.0;
+    this.scale = forecast ? number(p, "scale").doubleValue() : 0.0;
+    this.errorSpread = forecast ? number(p, "error_spread").doubleValue() : 0.0;
+    this.low = likelihood ? number(p, "low").doubleValue() : 0.0;
+    this.high = likelihood ? number(p, "high").doubleValue() : 0.0;
+    this.usual = likelihood ? number(p, "usual").doubleValue() : 0.0;
+    this.spike = new double[5];
+    if (likelihood) {
+      JsonNode given = numbers(p, "spike");
+      if (given.size() != 5) {
+        throw new IllegalArgumentException("params: $.spike does not hold 5 values");
+      }
+      for (int i = 0; i < 5; i++) {
+        spike[i] = given.get(i).asDouble();
+      }
+    }
     this.coef = new double[SeriesScorer.LAGS];
-    if (!robust) {
+    if (forecast) {
       JsonNode given = numbers(p, "coef");
       if (given.size() != SeriesScorer.LAGS) {
         throw new IllegalArgumentException(

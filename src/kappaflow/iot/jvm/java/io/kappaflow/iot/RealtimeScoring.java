@@ -65,7 +65,8 @@ public final class RealtimeScoring {
       boolean registry) {
     if (SeriesScorer.family(defaultFamily) == null) {
       throw new IllegalArgumentException(
-          "the real-time scorer scores the forecast and robust families, not " + defaultFamily);
+          "the real-time scorer scores the forecast, likelihood and robust families, not "
+              + defaultFamily);
     }
     return input
         .groupByKey((MapFunction<Row, String>) r -> r.getAs("key"), Encoders.STRING())

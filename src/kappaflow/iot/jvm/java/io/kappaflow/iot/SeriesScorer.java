@@ -11,9 +11,10 @@ import org.apache.commons.math3.special.Erf;
 
 /**
  * Scores one series' readings, in order, each with the model parameters last given: the
- * JVM twin of {@code kappaflow.iot.models.scoring.Scorer}, for the families {@code forecast}
- * and {@code robust}. Its memory ({@link #state()}) is the Python scorer's JSON, so either
- * restores the other's.
+ * JVM twin of {@code kappaflow.iot.models.scoring.Scorer}, for the families {@code forecast},
+ * {@code robust} and {@code likelihood} (with its guards: probation, new extremes, flat
+ * lines, one alarm per incident). Its memory ({@link #state()}) is the Python scorer's JSON,
+ * so either restores the other's.
  */
 public final class SeriesScorer {
   public static final double ALERT_SCORE = 0.5;
@@ -28,6 +29,21 @@ public final class SeriesScorer {
   static final double CLIP = 3.0;
   static final double INPUT_BOUND = 20.0;
   static final ObjectMapper JSON = new ObjectMapper();
+  // The likelihood family's window and the guards' constants (models/likelihood.py and
+  // models/scoring.py).
+  static final int WINDOW = 64;
+  static final int LEAST = 8;
+  static final double FLOOR = 0.01;
+  static final double USUAL = 0.5;
+  static final double MAD_TO_SD = 1.4826;
+  static final double WINDOW_TINY = 1e-12;
+  static final int PROBATION = 100;
+  static final int MUTE = 100;
+  static final double RANGE_TOLERANCE = 0.05;
+  static final int FLAT_LEAST = 10;
+  static final double MUTED = 0.49;
+  static final double RANGE_SURPRISE = 5.0;
+  static final double RANGE_FAR = 0.25;
 
   private final Family family;
   private final int smooth;
@@ -36,6 +52,12 @@ public final class SeriesScorer {
   private int run;
   private Double last;
   private int clipped;
+  private long seen;
+  private int quiet;
+  private double low = Double.POSITIVE_INFINITY;
+  private double high = Double.NEGATIVE_INFINITY;
+  private int longest;
+  private double surprise;
 
   /** The families this scorer knows, by name; null for another. */
   public static Family family(String name) {
@@ -45,12 +67,15 @@ public final class SeriesScorer {
     if ("robust".equals(name)) {
       return Family.ROBUST;
     }
+    if ("likelihood".equals(name)) {
+      return Family.LIKELIHOOD;
+    }
     return null;
   }
 
   public SeriesScorer(Family family, int smooth) {
     this.family = family;
-    this.smooth = Math.max(smooth, 1);
+    this.smooth = Math.max(Math.max(smooth, family.smooth), 1);
   }
 
   /** A scorer of {@code family} remembering {@code state} (JSON text of state(); empty: none). */
@@ -74,6 +99,16 @@ public final class SeriesScorer {
     JsonNode last = memory.path("last");
     scorer.last = last.isNumber() ? last.asDouble() : null;
     scorer.clipped = memory.path("clipped").asInt(0);
+    JsonNode guard = memory.path("guard");
+    if (guard.isObject()) {
+      scorer.seen = guard.path("seen").asLong(0);
+      scorer.quiet = guard.path("quiet").asInt(0);
+      if (guard.path("low").isNumber()) {
+        scorer.low = guard.path("low").asDouble();
+        scorer.high = guard.path("high").asDouble();
+      }
+      scorer.longest = guard.path("longest").asInt(0);
+    }
     return scorer;
   }
 
@@ -95,6 +130,19 @@ public final class SeriesScorer {
       memory.put("last", last);
     }
     memory.put("clipped", clipped);
+    if (family.guards) {
+      ObjectNode guard = memory.putObject("guard");
+      guard.put("seen", seen);
+      guard.put("quiet", quiet);
+      if (high >= low) {
+        guard.put("low", low);
+        guard.put("high", high);
+      } else {
+        guard.putNull("low");
+        guard.putNull("high");
+      }
+      guard.put("longest", longest);
+    }
     return JSON.writeValueAsString(memory);
   }
 
@@ -103,9 +151,20 @@ public final class SeriesScorer {
     if (!Double.isFinite(value)) {
       return 1.0;
     }
-    run = last != null && value == last ? run + 1 : 1;
+    boolean repeated = last != null && value == last;
+    if (!repeated && run > 1) {
+      // A run of repeats ended: the guards remember the longest.
+      longest = Math.max(longest, run - 1);
+    }
+    run = repeated ? run + 1 : 1;
     last = value;
+    double score = tailScore(value, params);
+    return family.guards ? guard(value, score) : score;
+  }
+
+  private double tailScore(double value, Params params) {
     double remembered = value;
+    surprise = 0.0;
     try {
       if (params == null || params.n < WARMUP) {
         return 0.0;
@@ -117,14 +176,19 @@ public final class SeriesScorer {
         remembered = family.remember(params, history, value);
         clipped = remembered != value ? clipped + 1 : 0;
       }
-      push(raw, family.raw(params, history, value), smooth);
+      surprise = family.raw(params, history, value);
+      push(raw, surprise, smooth);
       double sum = 0.0;
       for (double r : raw) {
         sum += r;
       }
-      double tail = Math.max(tailProbability(params, sum / raw.size()), MIN_TAIL);
+      double tail = tailProbability(params, sum / raw.size());
+      if (family == Family.LIKELIHOOD) {
+        tail = Math.min(tail, Family.spikeTail(params, history, value));
+      }
+      tail = Math.max(tail, MIN_TAIL);
       double score = Math.min(1.0, Math.max(0.0, -Math.log10(tail) / LOG_CAP));
-      if (run >= STUCK_RUN && params.repeats < RARE_REPEATS) {
+      if (!family.guards && run >= STUCK_RUN && params.repeats < RARE_REPEATS) {
         score = Math.max(score, ALERT_SCORE);
       }
       return score;
@@ -133,18 +197,58 @@ public final class SeriesScorer {
     }
   }
 
+  /** {@code score} with the guards applied, which learn {@code value}. */
+  private double guard(double value, double score) {
+    seen += 1;
+    double span = high - low;
+    if (seen > PROBATION && span > 0) {
+      double margin = RANGE_TOLERANCE * span;
+      double far = RANGE_FAR * span;
+      boolean beyond = value > high + margin || value < low - margin;
+      if (beyond && (surprise >= RANGE_SURPRISE || value > high + far || value < low - far)) {
+        score = 1.0;
+      }
+    }
+    if (seen > PROBATION && run - 1 == Math.max(longest, FLAT_LEAST) + 1) {
+      score = 1.0;
+    }
+    low = Math.min(low, value);
+    high = Math.max(high, value);
+    if (seen <= PROBATION) {
+      return 0.0;
+    }
+    if (quiet > 0) {
+      quiet -= 1;
+      return Math.min(score, MUTED);
+    }
+    if (score >= ALERT_SCORE) {
+      quiet = MUTE;
+    }
+    return score;
+  }
+
   /**
    * How often the trainer saw a raw surprise as large as {@code surprise}: above where its
    * tail begins, the tail's share times an exponential fall with the tail's scale; below, a
    * normal tail on the surprise's mean and spread, but no rarer than the tail's share.
    */
   static double tailProbability(Params params, double surprise) {
-    if (surprise > params.tailStart) {
-      return params.tailShare
-          * Math.exp(-(surprise - params.tailStart) / Math.max(params.tailScale, TINY));
+    return tailProbability(
+        params.surpriseMean,
+        params.surpriseSpread,
+        params.tailStart,
+        params.tailShare,
+        params.tailScale,
+        surprise);
+  }
+
+  static double tailProbability(
+      double mean, double spread, double start, double share, double scale, double surprise) {
+    if (surprise > start) {
+      return share * Math.exp(-(surprise - start) / Math.max(scale, TINY));
     }
-    double z = (surprise - params.surpriseMean) / Math.max(params.surpriseSpread, TINY);
-    return Math.max(0.5 * Erf.erfc(z / Math.sqrt(2.0)), params.tailShare);
+    double z = (surprise - mean) / Math.max(spread, TINY);
+    return Math.max(0.5 * Erf.erfc(z / Math.sqrt(2.0)), share);
   }
 
   private void push(ArrayDeque<Double> values, double value, int most) {
@@ -156,7 +260,7 @@ public final class SeriesScorer {
 
   /** A model family: how many readings it keeps, its raw surprise, what it remembers. */
   public enum Family {
-    ROBUST(0) {
+    ROBUST(0, 1, false) {
       @Override
       double raw(Params p, ArrayDeque<Double> history, double value) {
         return Math.abs(value - p.level) / Math.max(p.spread, TINY);
@@ -167,7 +271,7 @@ public final class SeriesScorer {
         return value;
       }
     },
-    FORECAST(LAGS) {
+    FORECAST(LAGS, 1, false) {
       @Override
       double raw(Params p, ArrayDeque<Double> history, double value) {
         return Math.abs(value - forecast(p, history)) / Math.max(p.errorSpread, TINY);
@@ -179,12 +283,102 @@ public final class SeriesScorer {
         double bound = CLIP * p.errorSpread;
         return forecast + Math.max(-bound, Math.min(bound, value - forecast));
       }
+    },
+    LIKELIHOOD(WINDOW, 2, true) {
+      @Override
+      double raw(Params p, ArrayDeque<Double> history, double value) {
+        return windowSurprise(history, value, Math.max(p.high - p.low, 0.0), p.usual);
+      }
+
+      @Override
+      double remember(Params p, ArrayDeque<Double> history, double value) {
+        return value;
+      }
     };
 
     final int history;
+    final int smooth;
+    final boolean guards;
 
-    Family(int history) {
+    Family(int history, int smooth, boolean guards) {
       this.history = history;
+      this.smooth = smooth;
+      this.guards = guards;
+    }
+
+    /** How often the trainer saw a spike as large as the one {@code value} ends, if any. */
+    static double spikeTail(Params p, ArrayDeque<Double> history, double value) {
+      double[] s = p.spike;
+      double surprise = spikeSurprise(history, value, Math.max(p.high - p.low, 0.0), p.usual);
+      return tailProbability(s[0], s[1], s[2], s[3], s[4], surprise);
+    }
+
+    /**
+     * How far the last one or two readings of {@code window} stood out from both the reading
+     * before them and {@code value}, in the window's scaled median absolute change.
+     */
+    static double spikeSurprise(
+        ArrayDeque<Double> window, double value, double span, double usual) {
+      int size = window.size();
+      if (size < LEAST) {
+        return 0.0;
+      }
+      double[] recent = new double[size];
+      int i = 0;
+      for (double v : window) {
+        recent[i++] = v;
+      }
+      double[] changes = new double[size - 1];
+      for (i = 1; i < size; i++) {
+        changes[i - 1] = Math.abs(recent[i] - recent[i - 1]);
+      }
+      java.util.Arrays.sort(changes);
+      double scale =
+          Math.max(
+              Math.max(changes[changes.length / 2] * MAD_TO_SD, FLOOR * span),
+              Math.max(USUAL * usual, WINDOW_TINY));
+      double most = 0.0;
+      for (int width = 1; width <= 2; width++) {
+        double topLow = Double.POSITIVE_INFINITY;
+        double topHigh = Double.NEGATIVE_INFINITY;
+        for (int k = size - width; k < size; k++) {
+          topLow = Math.min(topLow, recent[k]);
+          topHigh = Math.max(topHigh, recent[k]);
+        }
+        double before = recent[size - width - 1];
+        most = Math.max(most, topLow - Math.max(before, value));
+        most = Math.max(most, Math.min(before, value) - topHigh);
+      }
+      return most / scale;
+    }
+
+    /**
+     * The distance of {@code value} from the median of {@code window} in its scaled median
+     * absolute deviations, taken to be no less than FLOOR of {@code span} nor USUAL of the
+     * {@code usual} deviation.
+     */
+    static double windowSurprise(
+        ArrayDeque<Double> window, double value, double span, double usual) {
+      int size = window.size();
+      if (size < LEAST) {
+        return 0.0;
+      }
+      double[] ordered = new double[size];
+      int i = 0;
+      for (double v : window) {
+        ordered[i++] = v;
+      }
+      double[] deviations = new double[size];
+      java.util.Arrays.sort(ordered);
+      double middle = ordered[size / 2];
+      i = 0;
+      for (double v : window) {
+        deviations[i++] = Math.abs(v - middle);
+      }
+      java.util.Arrays.sort(deviations);
+      double spread = deviations[size / 2] * MAD_TO_SD;
+      return Math.abs(value - middle)
+          / Math.max(Math.max(spread, FLOOR * span), Math.max(USUAL * usual, WINDOW_TINY));
     }
 
     abstract double raw(Params p, ArrayDeque<Double> history, double value);

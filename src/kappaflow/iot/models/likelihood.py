@@ -1,0 +1,216 @@
+"""A reading's surprise against its recent readings, scored as a likelihood, once an incident.
+
+The raw surprise is the distance of a reading from the median of the ``WINDOW`` readings
+before it, in their median absolute deviations (scaled to a standard deviation for normal
+noise), and never in less than ``FLOOR`` of the range the series has shown nor ``USUAL`` of
+a window's usual deviation on the series (learnt): a constant stretch does not make the
+next small move a ten-thousand-sigma event. The mean of the last
+``SMOOTH`` surprises is scored against the distribution of those the trainer saw on the
+same series (``scoring.tail_probability``: a learnt exponential tail above two spreads, a
+normal one below), as Numenta's anomaly likelihood scores the short mean of its raw scores
+against their long-run distribution; the score is ``-log10`` of that tail over 10, so 0.5
+(the alert score) is a surprise seen once in 100,000 readings.
+
+A second surprise is scored beside it, against its own distribution: how far the last one
+or two readings stood out from both their neighbours (a spike that came back), in median
+changes from reading to reading; a square wave's steps, which make the first surprise
+common, are no spikes. The score is the larger of the two.
+
+The window is the scorer's own last readings, so the level follows a level shift within
+half a window (the new normal), and after the first alarm the readings of a new level are
+not surprising for long. The scorer adds what no distribution of surprises sees
+(``Model.guards``): a reading beyond the range seen so far by more than 5 % of it, and a
+value repeated for longer than any repeat before it, score 1.0; no reading scores during
+the probation period; after an alarm the next ``MUTE`` readings are held under the alert
+score (one alarm per incident).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any
+
+from kappaflow.iot.models.base import (
+    _SURPRISE_RATE,
+    _TAIL_CAP,
+    _TAIL_RATE,
+    _TAIL_SCALE_PRIOR,
+    _TAIL_SCALE_WEIGHT,
+    _TAIL_SHARE_PRIOR,
+    _TAIL_SHARE_WEIGHT,
+    TAIL_FROM,
+    Model,
+    Params,
+    Trainer,
+)
+from kappaflow.iot.models.scoring import tail_probability
+
+WINDOW = 64
+#: The widths of a spike, in readings, that ``spike_surprise`` looks for.
+SPIKE_WIDTHS = (1, 2)
+#: The share of the usual deviation of a window (learnt) below which a window's deviation
+#: is not taken, and how fast that usual deviation forgets.
+USUAL = 0.5
+_USUAL_RATE = 1.0 / 500.0
+#: Readings in the window before a surprise is measured.
+LEAST = 8
+SMOOTH = 2
+FLOOR = 0.01
+_MAD_TO_SD = 1.4826
+_TINY = 1e-12
+
+
+def median_spread(window: Sequence[float]) -> tuple[float, float]:
+    """The median of ``window`` and its median absolute deviation, scaled to a deviation."""
+    ordered = sorted(window)
+    middle = ordered[len(ordered) // 2]
+    deviations = sorted(abs(v - middle) for v in window)
+    return middle, deviations[len(deviations) // 2] * _MAD_TO_SD
+
+
+def window_surprise(
+    window: Sequence[float], value: float, span: float, usual: float = 0.0
+) -> float:
+    """``value``'s distance from the median of ``window`` in its (scaled) median absolute
+    deviations, which are taken to be no less than ``FLOOR`` of ``span`` nor ``USUAL`` of
+    the ``usual`` deviation (a window gone flat does not make the next move a
+    thousand-sigma event); 0 while the window holds fewer than ``LEAST`` readings."""
+    if len(window) < LEAST:
+        return 0.0
+    middle, spread = median_spread(window)
+    return abs(value - middle) / max(spread, FLOOR * span, USUAL * usual, _TINY)
+
+
+def spike_surprise(window: Sequence[float], value: float, span: float, usual: float = 0.0) -> float:
+    """How far the last one or two readings of ``window`` stood out from both the reading
+    before them and ``value`` (a spike that came back), in the window's median absolute
+    change from reading to reading (scaled to a deviation; no less than ``FLOOR`` of
+    ``span`` nor ``USUAL`` of the ``usual`` deviation). A step up or down that stays, as a
+    square wave's, is no spike."""
+    if len(window) < LEAST:
+        return 0.0
+    recent = list(window)
+    changes = sorted(abs(b - a) for a, b in pairwise(recent))
+    scale = max(changes[len(changes) // 2] * _MAD_TO_SD, FLOOR * span, USUAL * usual, _TINY)
+    most = 0.0
+    for width in SPIKE_WIDTHS:
+        top, before = recent[-width:], recent[-width - 1]
+        most = max(most, min(top) - max(before, value), min(before, value) - max(top))
+    return most / scale
+
+
+class SurpriseTail:
+    """The distribution of a second surprise, learnt as ``Trainer`` learns its own: a mean
+    and spread that forget slowly, and the share and scale of the tail above two spreads."""
+
+    def __init__(self) -> None:
+        self.mean, self.var, self.count = 1.0, 1.0, 0
+        self.share, self.scale = _TAIL_SHARE_PRIOR, _TAIL_SCALE_PRIOR
+        self.counted, self.seen = 0, 0
+
+    def learn(self, raw: float) -> None:
+        spread = math.sqrt(self.var)
+        raw = min(raw, self.mean + 6.0 * spread)
+        excess = raw - (self.mean + TAIL_FROM * spread)
+        share_rate = max(_SURPRISE_RATE, 1.0 / (self.counted + _TAIL_SHARE_WEIGHT))
+        self.counted += 1
+        self.share += share_rate * ((1.0 if excess > 0 else 0.0) - self.share)
+        if excess > 0:
+            excess = min(excess, _TAIL_CAP * self.scale)
+            rate = max(_TAIL_RATE, 1.0 / (self.seen + _TAIL_SCALE_WEIGHT))
+            self.scale += rate * (excess - self.scale)
+            self.seen += 1
+        self.count += 1
+        rate = max(_SURPRISE_RATE, 1.0 / (self.count + 1))
+        delta = raw - self.mean
+        self.mean += rate * delta
+        self.var = (1.0 - rate) * (self.var + rate * delta * delta)
+
+    def published(self) -> list[float]:
+        """``[mean, spread, tail start, tail share, tail scale]``."""
+        spread = math.sqrt(self.var)
+        return [self.mean, spread, self.mean + TAIL_FROM * spread, self.share, self.scale]
+
+
+class LikelihoodTrainer(Trainer):
+    name = "likelihood"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.low = math.inf
+        self.high = -math.inf
+        self._window: deque[float] = deque(maxlen=WINDOW)
+        self._recent: deque[float] = deque(maxlen=SMOOTH)
+        self._pending: float | None = None
+        self._spikes = SurpriseTail()
+        self.usual = 0.0
+        self._windows = 0
+
+    def _span(self) -> float:
+        return self.high - self.low if self.high > self.low else 0.0
+
+    def surprise(self, value: float) -> float:
+        # The short mean the scorer scores; the raw surprise is kept for update().
+        raw = window_surprise(self._window, value, self._span(), self.usual)
+        self._pending = raw
+        self._spikes.learn(spike_surprise(self._window, value, self._span(), self.usual))
+        return (sum(self._recent) + raw) / (len(self._recent) + 1)
+
+    def update(self, value: float) -> None:
+        raw = self._pending
+        if raw is None:
+            raw = window_surprise(self._window, value, self._span(), self.usual)
+        self._pending = None
+        if len(self._window) >= LEAST:
+            self._windows += 1
+            rate = max(_USUAL_RATE, 1.0 / self._windows)
+            self.usual += rate * (median_spread(self._window)[1] - self.usual)
+        self._recent.append(raw)
+        self._window.append(value)
+        self.low, self.high = min(self.low, value), max(self.high, value)
+
+    def state(self) -> dict[str, Any]:
+        # Before any reading, no range: published as 0 to 0 (JSON has no infinity).
+        seen = self.high >= self.low
+        return {
+            "low": self.low if seen else 0.0,
+            "high": self.high if seen else 0.0,
+            "usual": self.usual,
+            "spike": self._spikes.published(),
+        }
+
+
+def _raw(params: Params, history: Sequence[float], value: float) -> float:
+    span = max(float(params["high"]) - float(params["low"]), 0.0)
+    return window_surprise(history, value, span, float(params["usual"]))
+
+
+def _spike_tail(params: Params, history: Sequence[float], value: float) -> float:
+    """How often the trainer saw a spike as large as the one ``value`` ends, if any."""
+    span = max(float(params["high"]) - float(params["low"]), 0.0)
+    mean, spread, start, share, scale = params["spike"]
+    seen = {"surprise": [mean, spread], "tail": [start, share, scale]}
+    return tail_probability(seen, spike_surprise(history, value, span, float(params["usual"])))
+
+
+LIKELIHOOD = Model(
+    name="likelihood",
+    trainer=LikelihoodTrainer,
+    raw=_raw,
+    history=WINDOW,
+    summary=f"distance from the median of the last {WINDOW} readings, scored as a "
+    "likelihood, with range and flat-line guards and one alarm per incident",
+    shape={
+        "$.low": "double",
+        "$.high": "double",
+        "$.usual": "double",
+        "$.spike": "array<double>",
+    },
+    lengths={"$.spike": 5},
+    smooth=SMOOTH,
+    guards=True,
+    extra_tail=_spike_tail,
+)

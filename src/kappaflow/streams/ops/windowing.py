@@ -132,7 +132,7 @@ def aggregate_windows(
 
     ``engine``: ``python`` folds in Python workers and returns the rows packed; ``jvm``
     runs the engine's Java operator and returns them unpacked (default: the session's
-    ``spark.kappaflow.windows.engine``, else ``python``)."""
+    ``spark.kappaflow.windows.engine``, else ``jvm``)."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
@@ -187,10 +187,10 @@ def spark_engine(events: DataFrame) -> str:
 
 
 def configured_engine(spark: SparkSession) -> str:
-    """Where the session runs window operators on a new checkpoint: ``python`` (the
-    default, for now) or ``jvm`` (``spark.kappaflow.windows.engine``). A checkpoint keeps
-    the operator it was started with (streams/window_engine.py)."""
-    engine = str(spark.conf.get(ENGINE_CONF, "python") or "python").lower()
+    """Where the session runs window operators on a new checkpoint: ``jvm`` (the default)
+    or ``python`` (``spark.kappaflow.windows.engine``). A checkpoint keeps the operator it
+    was started with (streams/window_engine.py)."""
+    engine = str(spark.conf.get(ENGINE_CONF, "jvm") or "jvm").lower()
     if engine not in ENGINES:
         raise WindowSpecError(f"{ENGINE_CONF} is {engine!r}: it is one of {', '.join(ENGINES)}")
     return engine

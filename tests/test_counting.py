@@ -27,6 +27,7 @@ from kappaflow.jobs.manager import JobManager, JobState
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
+from kappaflow.streams.ops.windowing import ENGINE_CONF
 from kappaflow.timeutil import from_epoch_ms, iso
 from kappaflow.waiting import wait_for
 
@@ -326,13 +327,22 @@ def test_count_cli_misuse(serving: Settings, new_topic: Callable[..., str]) -> N
     )
 
 
+def engine_env(settings: Settings, engine: str) -> dict[str, str]:
+    """The environment of a command whose jobs' windows start on operator ``engine``."""
+    conf = {**settings.spark.conf, ENGINE_CONF: engine}
+    return {"KAPPAFLOW_SPARK__CONF": json.dumps(conf)}
+
+
+# The state is read back from either window operator's layout.
+@pytest.mark.parametrize("engine", ["python", "jvm"])
 def test_sliding_windows_and_state_readback(
-    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str, engine: str
 ) -> None:
     source = new_topic()
     values = events(20)
     send(serving, source, values)
-    start(cli, job_name, source, "--slide", "5s")  # 10s windows every 5s
+    # 10s windows every 5s
+    start(cli, job_name, source, "--slide", "5s", env=engine_env(serving, engine))
     wait_stats(serving, job_name, counted=20)
     want: Counter[tuple[str, int]] = Counter()
     for value in values:
@@ -436,8 +446,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.parametrize("engine", ["python", "jvm"])
 def test_session_windows(
-    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str
+    cli: RunCli, serving: Settings, new_topic: Callable[..., str], job_name: str, engine: str
 ) -> None:
     source = new_topic()
 
@@ -451,6 +462,7 @@ def test_session_windows(
     result = cli(
         "count", "start", job_name, "--source", source, "--key", "page", "--time", "ts",
         "--id", "id", "--session-gap", "3s", "--watermark", "1s", "--allowed-lateness", "30s",
+        env=engine_env(serving, engine),
     )  # fmt: skip
     assert result.code == 0, result.err
     wait_stats(serving, job_name, counted=5)

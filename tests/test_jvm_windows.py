@@ -371,3 +371,50 @@ def test_a_declarative_windowed_job_on_the_jvm_engine_starts_no_python_worker(
             assert workers, "the Python engine's job shows no Python worker: the check sees none"
     finally:
         stop_if_running(serving, job)
+
+
+@pytest.mark.parametrize("sessions", [False, True], ids=["windows", "sessions"])
+def test_the_state_reader_reads_either_operators_state_alike(
+    spark: SparkSession, tmp_path: Path, sessions: bool
+) -> None:
+    """`kappaflow counts --from-state` reads a count's state from its checkpoint: the
+    Java operator's layout (streams/ops/jvm_state.py) gives what the Python one's does,
+    keys of any text included."""
+    from kappaflow.counting.state import read_counts
+    from kappaflow.streams.window_engine import checkpoint_engine
+
+    odd = 'a\u00e9"q\U0001f600\u0000'
+    batches = [
+        [_event("a", 1_000, 0, id="x"), _event(odd, 2_000, 1), _event("a", 61_000, 2, id="y")],
+        [_event("b", 121_000, 3), _event("a", 1_500, 4, id="x"), _event(odd, 2_500, 5)],
+        [_event("b", 125_000, 6)],
+    ]
+    window: dict[str, Any] = (
+        {"gap_ms": 10_000} if sessions else {"size_ms": 60_000, "slide_ms": None}
+    )
+    held = {}
+    for engine in ("python", "jvm"):
+        _run(
+            spark,
+            tmp_path,
+            batches,
+            engine,
+            keys=["shop"],
+            aggregates={"count": kf.count()},
+            watermark_ms=1_000,
+            lateness_ms=300_000,
+            id_column="id",
+            **window,
+        )
+        checkpoint = str(tmp_path / f"checkpoint-{engine}")
+        assert checkpoint_engine(spark, checkpoint) == engine
+        held[engine] = read_counts(spark, checkpoint, window_ms=None if sessions else 60_000)
+    assert held["jvm"] == held["python"]
+    counts = {(w.key, w.window_start): (w.count, w.final) for w in held["jvm"]}
+    if sessions:
+        assert counts[("a", 1_000)] == (1, True) and counts[(odd, 2_000)] == (2, True)
+        assert counts[("b", 121_000)] == (2, False)
+    else:
+        assert counts[("a", 0)] == (1, True) and counts[(odd, 0)] == (2, True)
+        assert counts[("b", 120_000)] == (2, False)
+    assert max(w.version for w in held["jvm"]) >= 2

@@ -293,8 +293,18 @@ EVENTS = pa.schema(
 )
 
 
+def _unpacked(frame: DataFrame) -> list[dict[str, Any]]:
+    """An operator's rows: the Python one's packed, the Java one's as they are."""
+    table = frame.toArrow()
+    if "rows" in table.column_names:
+        table = unpack(table["rows"], OUTPUT_ARROW_SCHEMA)
+    rows: list[dict[str, Any]] = table.select(OUTPUT_ARROW_SCHEMA.names).to_pylist()
+    return rows
+
+
+@pytest.mark.parametrize("engine", ["python", "jvm"])
 def test_a_streaming_query_emits_provisional_final_correction_and_late(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, engine: str
 ) -> None:
     """Three files, one per micro-batch, windows of a minute, lateness 30 s, watermark 0.
 
@@ -328,12 +338,12 @@ def test_a_streaming_query_emits_provisional_final_correction_and_late(
         watermark_ms=0,
         lateness_ms=30_000,
         id_column=None,
+        engine=engine,
     )
     batches: list[list[dict[str, Any]]] = []
 
     def collect(frame: DataFrame, batch_id: int) -> None:
-        rows = unpack(frame.toArrow()["rows"], OUTPUT_ARROW_SCHEMA)
-        batches.append(rows.to_pylist())
+        batches.append(_unpacked(frame))
 
     query = (
         out.writeStream.outputMode("update")
@@ -376,7 +386,8 @@ def _ddl() -> str:
     return ", ".join(f"{f.name} {sql[f.type]}" for f in EVENTS)
 
 
-def test_sliding_windows_and_key_json_in_a_batch_query(spark: SparkSession) -> None:
+@pytest.mark.parametrize("engine", ["python", "jvm"])
+def test_sliding_windows_and_key_json_in_a_batch_query(spark: SparkSession, engine: str) -> None:
     """A batch query runs the same plan (no watermark, so no timers): each event lands in
     size/slide windows, and keys keep their JSON types."""
     events = spark.createDataFrame(
@@ -393,8 +404,9 @@ def test_sliding_windows_and_key_json_in_a_batch_query(spark: SparkSession) -> N
         watermark_ms=0,
         lateness_ms=0,
         id_column=None,
+        engine=engine,
     )
-    rows = unpack(out.toArrow()["rows"], OUTPUT_ARROW_SCHEMA).to_pylist()
+    rows = _unpacked(out)
     found = sorted(
         (r["key"], r["window_start"], r["window_end"], r["values"])
         for r in rows

@@ -32,6 +32,7 @@ from kappaflow.streams.output.backends import Publisher, ResultStore
 from kappaflow.streams.output.lake import LakeWriter
 from kappaflow.streams.output.writer import OutputTarget, OutputWriter, StepHook
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
+from kappaflow.streams.window_engine import window_engine
 from kappaflow.waiting import wait_for
 
 #: How long a job's query may take over its first micro-batch before the next query
@@ -149,7 +150,15 @@ def start_outputs(
         # a stream that refused it.
         rejects = [r for r in output.stream.source.rejected if id(r) not in refused]
         refused.update(id(r) for r in rejects)
-        frame, packed = output_frame(output, dead_letters=topic not in carried, rejects=rejects)
+        # A window runs on the operator its checkpoint was started with.
+        engine = (
+            window_engine(job.spark, backends.checkpoint_root, output.name)
+            if output.aggregate is not None
+            else None
+        )
+        frame, packed = output_frame(
+            output, dead_letters=topic not in carried, rejects=rejects, engine=engine
+        )
         carried.add(topic)
         for join in output.stream.source.joins:
             if join.carries is not None:
@@ -232,11 +241,16 @@ def _start(
 
 
 def output_frame(
-    output: Output, *, dead_letters: bool, rejects: Sequence[DataFrame] = ()
+    output: Output,
+    *,
+    dead_letters: bool,
+    rejects: Sequence[DataFrame] = (),
+    engine: str | None = None,
 ) -> tuple[DataFrame, bool]:
     """The rows of an output's query (OUTPUT_COLUMNS), with ``rejects``: records
     ``Stream.reject`` refused, as dead letters; and whether they hold a Python window
-    operator's packed rows, which the writer unpacks."""
+    operator's packed rows, which the writer unpacks. ``engine``: the window operator's
+    (python or jvm; None: the session's)."""
     stream = output.stream
     packed = False
     source = stream.source
@@ -255,6 +269,7 @@ def output_frame(
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
+                engine=engine,
             )
         else:
             rows = aggregate_windows(
@@ -267,6 +282,7 @@ def output_frame(
                 lateness_ms=source.lateness_ms,
                 id_column=source.id,
                 dead_letters=carried,
+                engine=engine,
             )
         if "rows" in rows.columns:
             # The Python operators' rows come packed; the engine's Java operator's do not.

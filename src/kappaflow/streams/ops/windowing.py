@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.pandas.types import to_arrow_type
@@ -132,7 +132,7 @@ def aggregate_windows(
 
     ``engine``: ``python`` folds in Python workers and returns the rows packed; ``jvm``
     runs the engine's Java operator and returns them unpacked (default: the session's
-    ``spark.kappaflow.windows.engine``, else ``python``)."""
+    ``spark.kappaflow.windows.engine``, else ``jvm``)."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
@@ -182,9 +182,15 @@ def aggregate_windows(
 
 
 def spark_engine(events: DataFrame) -> str:
-    """Where the session runs window operators: ``python`` (the default, for now) or
-    ``jvm`` (``spark.kappaflow.windows.engine``)."""
-    engine = str(events.sparkSession.conf.get(ENGINE_CONF, "python") or "python").lower()
+    """Where the session of ``events`` runs window operators (``configured_engine``)."""
+    return configured_engine(events.sparkSession)
+
+
+def configured_engine(spark: SparkSession) -> str:
+    """Where the session runs window operators on a new checkpoint: ``jvm`` (the default)
+    or ``python`` (``spark.kappaflow.windows.engine``). A checkpoint keeps the operator it
+    was started with (streams/window_engine.py)."""
+    engine = str(spark.conf.get(ENGINE_CONF, "jvm") or "jvm").lower()
     if engine not in ENGINES:
         raise WindowSpecError(f"{ENGINE_CONF} is {engine!r}: it is one of {', '.join(ENGINES)}")
     return engine

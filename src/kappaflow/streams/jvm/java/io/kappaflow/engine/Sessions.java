@@ -71,8 +71,9 @@ public final class Sessions {
     return events
         .groupByKey((MapFunction<Row, Integer>) r -> r.getInt(SHARD), Encoders.INT())
         .transformWithState(
-            new Processor(parsed, gapMs, latenessMs, dedup),
-            TimeMode.EventTime(),
+            new Processor(parsed, gapMs, latenessMs, dedup, events.isStreaming()),
+            // A batch query has no watermark, so no event time: its windows stay open.
+            events.isStreaming() ? TimeMode.EventTime() : TimeMode.None(),
             OutputMode.Update(),
             Encoders.row(Windows.OUTPUT));
   }
@@ -118,13 +119,17 @@ public final class Sessions {
     private final long gapMs;
     private final long latenessMs;
     private final boolean dedup;
+    /** Whether the query has event time (a stream's): a batch query's registers no timer. */
+    private final boolean eventTime;
     private transient ValueState<byte[]> state;
 
-    Processor(Aggregates aggregates, long gapMs, long latenessMs, boolean dedup) {
+    Processor(
+        Aggregates aggregates, long gapMs, long latenessMs, boolean dedup, boolean eventTime) {
       this.aggregates = aggregates;
       this.gapMs = gapMs;
       this.latenessMs = latenessMs;
       this.dedup = dedup;
+      this.eventTime = eventTime;
     }
 
     @Override
@@ -414,7 +419,9 @@ public final class Sessions {
         throw new UncheckedIOException(e);
       }
       state.update(buffer.toByteArray());
-      getHandle().registerTimer(due);
+      if (eventTime) {
+        getHandle().registerTimer(due);
+      }
     }
 
     private void read(List<Session> sessions, List<long[]> ids) {

@@ -86,8 +86,9 @@ public final class Windows {
                 r -> new Tuple2<>(r.getLong(0), r.getInt(1)),
             Encoders.tuple(Encoders.LONG(), Encoders.INT()))
         .transformWithState(
-            new Processor(parsed, sizeMs, latenessMs, dedup),
-            TimeMode.EventTime(),
+            new Processor(parsed, sizeMs, latenessMs, dedup, events.isStreaming()),
+            // A batch query has no watermark, so no event time: its windows stay open.
+            events.isStreaming() ? TimeMode.EventTime() : TimeMode.None(),
             OutputMode.Update(),
             Encoders.row(OUTPUT));
   }
@@ -125,17 +126,21 @@ public final class Windows {
     private final long sizeMs;
     private final long latenessMs;
     private final boolean dedup;
+    /** Whether the query has event time (a stream's): a batch query's registers no timer. */
+    private final boolean eventTime;
     private transient MapState<String, byte[]> keys;
     private transient MapState<Long, Boolean> ids;
     /** How many keys the window holds; there is a state for the window when it is set. */
     private transient ValueState<Long> held;
     private transient ValueState<Boolean> finalized;
 
-    Processor(Aggregates aggregates, long sizeMs, long latenessMs, boolean dedup) {
+    Processor(
+        Aggregates aggregates, long sizeMs, long latenessMs, boolean dedup, boolean eventTime) {
       this.aggregates = aggregates;
       this.sizeMs = sizeMs;
       this.latenessMs = latenessMs;
       this.dedup = dedup;
+      this.eventTime = eventTime;
     }
 
     @Override
@@ -192,7 +197,7 @@ public final class Windows {
       boolean stored = held.exists();
       long keysBefore = stored ? held.get() : 0L;
       boolean wasFinal = stored && finalized.exists() && finalized.get();
-      if (!stored) {
+      if (!stored && eventTime) {
         // A new window: its timers, once.
         if (end > watermark) {
           getHandle().registerTimer(end);

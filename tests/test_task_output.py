@@ -25,31 +25,19 @@ from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.streams.jvm import jvm_engine
 from kappaflow.streams.model import Source
-from kappaflow.streams.ops.windowing import output_table
 from kappaflow.streams.output.backends import KafkaPublisher, commits_topic
 from kappaflow.streams.output.task_records import changelog, dead_letters
 from kappaflow.streams.output.writer import OutputTarget, OutputWriter, changelog_records
 from kappaflow.streams.runtime import _shaped
 from kappaflow.streams.schema import RecordSchema
-
-START = 1_795_000_000_000  # 2026-11-18T11:06:40Z
-MINUTE = 60_000
+from test_changelog_records import MINUTE, START, changes
 
 
 def _changes(
     spark: SparkSession, keys: list[str], **columns: list[Any]
 ) -> tuple[pa.Table, DataFrame]:
-    n = len(keys)
-    defaults: dict[str, list[Any]] = {
-        "kind": ["provisional"] * n,
-        "window_start": [START] * n,
-        "window_end": [START + MINUTE] * n,
-        "values": ['{"n":1}'] * n,
-        "previous": [None] * n,
-        "version": [1] * n,
-        "watermark": [START] * n,
-    }
-    table = output_table(n, key=keys, **{**defaults, **columns})
+    """The changes of ``changes`` (test_changelog_records), and as a shaped frame."""
+    table = changes(keys, **columns)
     return table, _shaped(spark.createDataFrame(table))
 
 

@@ -433,7 +433,7 @@ class NotACountJobError(JobError):
 
 
 class NoCommittedStateError(JobError, LookupError):
-    """The counting job has no committed state to read yet."""
+    """The job (or its output) has no committed state to read yet."""
 
     code = "KF612"
 
@@ -510,6 +510,13 @@ class SavepointTimeoutError(JobError, TimeoutError):
     """A running job's driver did not take the savepoint asked of it in time, or ended."""
 
     code = "KF628"
+
+
+class JobStateError(JobError, LookupError):
+    """A job's state cannot be read: the job has no such output, or a window output's
+    checkpoint was started before kappaflow recorded its aggregates."""
+
+    code = "KF629"
 
 
 # KF7xx: jobs written on the job API (kappaflow.streams): their schemas, windows, sinks.

@@ -132,6 +132,22 @@ def create_app(settings: Settings) -> FastAPI:
 
         return {**job_status(settings, job), "plan": jobs.plan(job)}
 
+    @app.get(
+        "/v1/jobs/{job}/state",
+        summary="A job's state as of its last committed batch (or a savepoint's): open "
+        "windows with their values, a stateful function's keys with their state and timers.",
+    )
+    def job_state(
+        job: str, output: str | None = None, key: str | None = None, at: str | None = None
+    ) -> Any:
+        from kappaflow.api.state import read_job_state
+
+        known_job(job)
+        found = read_job_state(settings, job, output=output, key=key, at=at)
+        if found.error is not None:
+            return _error(found.error["code"], found.error["message"], found.error["status"])
+        return {"items": found.rows}
+
     def known_job(job: str) -> None:
         jobs.get(job)  # JobNotFoundError (KF601, 404) for a job never started
 

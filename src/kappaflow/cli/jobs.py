@@ -1,5 +1,5 @@
 """``kappaflow jobs``: start, check, list, stop, remove, take savepoints of and read the
-logs of streaming jobs."""
+state and logs of streaming jobs."""
 
 from __future__ import annotations
 
@@ -288,6 +288,23 @@ def remove(ctx: Context, name: str) -> None:
 
 def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+@jobs.command("state")
+@click.argument("name")
+@click.argument("output", required=False)
+@click.option("--key", metavar="K", help="only key K: its value, or values joined by commas")
+@click.option("--at", "at", metavar="SAVEPOINT", help="read a savepoint's state instead")
+@pass_context
+def state(ctx: Context, name: str, output: str | None, key: str | None, at: str | None) -> None:
+    """Job NAME's state, running or stopped, as JSON lines: each window it holds open with
+    its values, version and whether it is final; each key of a stateful function with its
+    state and timers. Read as of the last committed batch (or from savepoint SAVEPOINT),
+    without stopping the job. OUTPUT: that output's only."""
+    from kappaflow.jobs.state_read import job_state
+
+    for row in job_state(ctx.settings, name, output=output, key=key, at=at):
+        json_line(row)
 
 
 @jobs.command("logs")

@@ -27,12 +27,12 @@ from kappaflow.streams.joins import stream_joined
 from kappaflow.streams.kinds import DEAD, RECORD
 from kappaflow.streams.model import BOOKKEEPING, Reader, Source
 from kappaflow.streams.ops.session_windows import aggregate_sessions
-from kappaflow.streams.ops.windowing import aggregate_windows
+from kappaflow.streams.ops.windowing import aggregate_windows, bind_aggregates
 from kappaflow.streams.output.backends import Publisher, ResultStore
 from kappaflow.streams.output.lake import LakeWriter
 from kappaflow.streams.output.writer import OutputTarget, OutputWriter, StepHook
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
-from kappaflow.streams.window_engine import window_engine
+from kappaflow.streams.window_engine import record_aggregates, window_engine
 from kappaflow.waiting import wait_for
 
 #: How long a job's query may take over its first micro-batch before the next query
@@ -151,11 +151,10 @@ def start_outputs(
         rejects = [r for r in output.stream.source.rejected if id(r) not in refused]
         refused.update(id(r) for r in rejects)
         # A window runs on the operator its checkpoint was started with.
-        engine = (
-            window_engine(job.spark, backends.checkpoint_root, output.name)
-            if output.aggregate is not None
-            else None
-        )
+        engine = None
+        if output.aggregate is not None:
+            engine = window_engine(job.spark, backends.checkpoint_root, output.name)
+            _record_aggregates(job, output, backends)
         frame, packed = output_frame(
             output, dead_letters=topic not in carried, rejects=rejects, engine=engine
         )
@@ -191,6 +190,14 @@ def start_outputs(
             return queries
         queries.append(_start(frame, target, backends, reader, on_step, "append", available_now))
     return queries
+
+
+def _record_aggregates(job: Job, output: Output, backends: Backends) -> None:
+    """Record what a window output's state holds, for reading it back (window_engine)."""
+    agg = output.aggregate
+    assert agg is not None
+    names, bound = bind_aggregates(output.stream.df, agg.keys, agg.aggregates, None)
+    record_aggregates(job.spark, backends.checkpoint_root, output.name, names, bound)
 
 
 def _first_batch(started: Sequence[StreamingQuery], stopping: threading.Event | None) -> bool:

@@ -9,14 +9,20 @@ choice is recorded in the checkpoint (``RECORD``: copied with it into a savepoin
 with it when it is deleted); a later start resumes with the recorded operator, whatever
 the session says. A checkpoint made before the record existed is read for the operator
 its state is of (Spark's operator metadata), and then recorded.
+
+Beside it, ``AGGREGATES`` records the aggregates the operator's state holds, bound to
+their columns' types (whether a sum is integral, which quantiles a sketch estimates),
+for reading the state back without the job's code (jobs/state_read.py).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from kappaflow.streams.ops.windowing import ENGINES, configured_engine
+from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.ops.windowing import ENGINES, configured_engine, describe_aggregates
 from kappaflow.streams.output.lake_fs import HadoopFs
 
 if TYPE_CHECKING:
@@ -24,6 +30,8 @@ if TYPE_CHECKING:
 
 #: In a query's checkpoint: ``{"windows": "python" | "jvm"}``.
 RECORD = "kappaflow-operator.json"
+#: In a window query's checkpoint: its aggregates, ``describe_aggregates``'s list.
+AGGREGATES = "kappaflow-aggregates.json"
 #: Spark's name, in its state metadata, for a Java (Scala) transformWithState operator.
 JAVA_OPERATOR = "transformWithStateExec"
 
@@ -61,3 +69,28 @@ def _recorded(fs: HadoopFs, query: str) -> str | None:
         return None
     engine = json.loads(fs.read_text(path)).get("windows")
     return engine if engine in ENGINES else None
+
+
+def record_aggregates(
+    spark: SparkSession,
+    checkpoint_root: str,
+    query: str,
+    names: Sequence[str],
+    bound: Sequence[Aggregate],
+) -> None:
+    """Record in query ``query``'s checkpoint the aggregates its window state holds."""
+    fs = HadoopFs(spark, checkpoint_root)
+    text = json.dumps(describe_aggregates(names, bound)) + "\n"
+    path = f"{query}/{AGGREGATES}"
+    if not fs.exists(path) or fs.read_text(path) != text:
+        fs.write_atomically(path, text)
+
+
+def recorded_aggregates(spark: SparkSession, checkpoint: str) -> list[dict[str, Any]] | None:
+    """The aggregates a window query's checkpoint records (None: started before the
+    record existed)."""
+    fs = HadoopFs(spark, checkpoint)
+    if not fs.exists(AGGREGATES):
+        return None
+    found: list[dict[str, Any]] = json.loads(fs.read_text(AGGREGATES))
+    return found

@@ -46,6 +46,8 @@ class Accumulators(NamedTuple):
 
     version: int
     values: tuple[Accumulator, ...]
+    #: Their bytes as the state holds them (for Aggregates.valuesJson).
+    raw: bytes
 
 
 class HeldSession(NamedTuple):
@@ -107,6 +109,7 @@ def modified_utf8(data: bytes) -> str:
 
 
 def _accumulators(reader: _Reader, aggregates: int) -> Accumulators:
+    begins = reader.at
     version = reader.long()
     values = []
     for _ in range(aggregates):
@@ -114,7 +117,7 @@ def _accumulators(reader: _Reader, aggregates: int) -> Accumulators:
         present = reader.bool()
         sketch = reader.take(reader.int())
         values.append(Accumulator(counted, long, double, present, sketch))
-    return Accumulators(version, tuple(values))
+    return Accumulators(version, tuple(values), reader.data[begins : reader.at])
 
 
 def read_accumulators(data: bytes, aggregates: int) -> Accumulators:

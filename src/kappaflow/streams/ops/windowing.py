@@ -210,20 +210,32 @@ def jvm_operator(
     ``selected``. Its rows are OUTPUT_SCHEMA's, unpacked."""
     spec = json.dumps(
         [
-            {
-                "name": name,
-                "kind": agg.kind,
-                "input": selected.columns.index(input_name(i)) if agg.column else -1,
-                "integral": bool(getattr(agg, "integral", False)),
-                "quantiles": list(getattr(agg, "quantiles", ())),
-            }
-            for i, (name, agg) in enumerate(zip(names, bound, strict=True))
+            {**described, "input": selected.columns.index(input_name(i)) if agg.column else -1}
+            for i, (described, agg) in enumerate(
+                zip(describe_aggregates(names, bound), bound, strict=True)
+            )
         ]
     )
     spark = selected.sparkSession
     jvm_class = getattr(jvm_engine(spark), operator)
     jdf = jvm_class.aggregate(selected._jdf, spec, size_ms, lateness_ms, dedup)
     return ClassicDataFrame(jdf, spark)
+
+
+def describe_aggregates(names: Sequence[str], bound: Sequence[Aggregate]) -> list[dict[str, Any]]:
+    """Bound aggregates as the engine's Java operators take them (io.kappaflow.engine.
+    Aggregates.parse, less each one's input column): name, kind, whether integral, and the
+    quantiles an approx_quantiles estimates."""
+    return [
+        {
+            "name": name,
+            "kind": agg.kind,
+            "column": agg.column,
+            "integral": bool(getattr(agg, "integral", False)),
+            "quantiles": list(getattr(agg, "quantiles", ())),
+        }
+        for name, agg in zip(names, bound, strict=True)
+    ]
 
 
 def event_time_watermark(events: DataFrame, watermark_ms: int | None) -> DataFrame:

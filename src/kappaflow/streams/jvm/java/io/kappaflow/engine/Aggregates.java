@@ -102,6 +102,14 @@ public final class Aggregates implements Serializable {
     return new Accumulators(this, bytes);
   }
 
+  /**
+   * The values held in a key's state (the bytes of {@link Accumulators#bytes}), as the JSON
+   * object the operator writes for them: for reading a job's state back (jobs/state_read.py).
+   */
+  public String valuesJson(byte[] bytes) {
+    return read(bytes).json();
+  }
+
   /** One key's accumulators, in declaration order, and the version of its values. */
   static final class Accumulators {
     private final Aggregates of;

@@ -46,8 +46,8 @@ def setup(ctx: Context) -> None:
     if archived is not None:
         say(archived)
     say(f"redis-server at {find_redis_server(settings.redis.binary)}")
-    say(ensure_mqtt_broker(settings, say))
     say(ensure_postgres_server(settings, say))
+    say(ensure_mqtt_broker(settings, say))
     say(f"jars ready in {settings.jars_path}")
 
 

@@ -35,6 +35,7 @@ def test_exported_members() -> None:
         "mean",
         "min",
         "parse_duration",
+        "postgres",
         "stateful",
         "store",
         "sum",
@@ -47,8 +48,10 @@ def test_exported_members() -> None:
     # No public name is shadowed by a subpackage of the same name once that is imported.
     importlib.import_module("kappaflow.kafka.topics")
     importlib.import_module("kappaflow.serving.client")
+    importlib.import_module("kappaflow.postgresql.server")
 
     assert callable(kappaflow.topic) and callable(kappaflow.store) and callable(kappaflow.lake)
+    assert callable(kappaflow.postgres)
     assert kappaflow.__version__ == metadata.version("kappaflow")
 
 

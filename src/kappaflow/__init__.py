@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from kappaflow.streams.model import logged_at as logged_at
     from kappaflow.streams.schema import EventTime as EventTime
     from kappaflow.streams.sinks import lake as lake
+    from kappaflow.streams.sinks import postgres as postgres
     from kappaflow.streams.sinks import store as store
     from kappaflow.streams.sinks import topic as topic
     from kappaflow.streams.stateful import StateContext as StateContext
@@ -79,6 +80,7 @@ _API = {
     "topic": "kappaflow.streams.sinks",
     "store": "kappaflow.streams.sinks",
     "lake": "kappaflow.streams.sinks",
+    "postgres": "kappaflow.streams.sinks",
     # Stateful functions.
     "stateful": "kappaflow.streams.stateful",
     "StatefulFunction": "kappaflow.streams.stateful",

@@ -136,6 +136,13 @@ class MqttBrokerNotFoundError(SetupError, LookupError):
     code = "KF208"
 
 
+class PostgresNotFoundError(SetupError, LookupError):
+    """No PostgreSQL server to run: the configured ``postgres.bin_dir`` lacks it, or none
+    is installed."""
+
+    code = "KF210"
+
+
 class ClassArchiveError(SetupError):
     """The driver that writes Spark's class-data archive at setup failed or ran too long."""
 
@@ -185,6 +192,13 @@ class RedisUnreachableError(ServiceError, ConnectionError):
     """Redis, the serving store, does not answer."""
 
     code = "KF306"
+
+
+class PostgresUnreachableError(ServiceError, ConnectionError):
+    """PostgreSQL, the database of a ``kf.postgres()`` sink, does not answer or refuses
+    kappaflow's connection."""
+
+    code = "KF311"
 
 
 class ProcessStopError(ServiceError):

@@ -1,7 +1,9 @@
 """All embedded services at once: ``kappaflow up | down | status``.
 
-Only what the settings leave embedded is touched: with an external Kafka cluster, Redis
-or MQTT broker configured, that service is reported as external and never started here.
+Only what the settings leave embedded is touched: with an external Kafka cluster, Redis,
+MQTT broker or PostgreSQL configured, that service is reported as external and never
+started here. The embedded PostgreSQL is started by its own command (``kappaflow postgres
+start``: only jobs with a ``kf.postgres()`` sink need it); ``down`` stops it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from kappaflow.api.server import EmbeddedApi
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.kafka.mirror import Mirror
 from kappaflow.mqtt.broker import EmbeddedMqtt
+from kappaflow.postgresql.server import EmbeddedPostgres, redacted
 from kappaflow.procs import ProcState
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
@@ -78,6 +81,9 @@ def down(settings: Settings) -> list[str]:
     if settings.mqtt.embedded:
         stopped = EmbeddedMqtt(settings).stop()
         done.append(f"mqtt {'stopped' if stopped else 'was not running'}")
+    # Started by its own command (`kappaflow postgres start`), not by `up`: said when it ran.
+    if settings.postgres.embedded and EmbeddedPostgres(settings).stop():
+        done.append("postgres stopped")
     if settings.redis.embedded:
         stopped = EmbeddedRedis(settings).stop()
         done.append(f"redis {'stopped' if stopped else 'was not running'}")
@@ -136,6 +142,14 @@ def status(settings: Settings) -> list[ServiceRow]:
         rows.append(ServiceRow("mqtt", EXTERNAL, settings.mqtt.effective_url, None))
     api = EmbeddedApi(settings).status()
     rows.append(ServiceRow("api", api.state, api.url, api.pid))
+    if settings.postgres.embedded:
+        database = EmbeddedPostgres(settings).status()
+        if database.state is ProcState.RUNNING:
+            rows.append(ServiceRow("postgres", database.state, database.url, database.pid))
+    else:
+        rows.append(
+            ServiceRow("postgres", EXTERNAL, redacted(settings.postgres.effective_dsn), None)
+        )
     # What runs only once started by its own command: listed while it runs.
     cluster = StandaloneCluster(settings)
     for daemon in cluster.status().daemons:

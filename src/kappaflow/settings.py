@@ -289,6 +289,36 @@ class RedisSettings(_Section):
         return self.url or f"redis://{self.host}:{self.port}/0"
 
 
+class PostgresSettings(_Section):
+    """PostgreSQL, the database the ``kf.postgres()`` sink writes to: an external server
+    given by a DSN, or the embedded one (``kappaflow postgres start``)."""
+
+    dsn: str | None = Field(
+        default=None,
+        description="postgresql://user:password@host:port/db of an external server; "
+        "unset = embedded",
+    )
+    host: str = Field(default="127.0.0.1", description="address the embedded server listens on")
+    # Not 5432: a server installed from the system's packages may run there as a service.
+    port: int = Field(default=15432, ge=1, le=65535, description="embedded server's port")
+    database: str = Field(default="kappaflow", description="the embedded server's database")
+    user: str = Field(default="kappaflow", description="the embedded server's superuser")
+    bin_dir: Path | None = Field(
+        default=None,
+        description="folder of initdb and postgres; default: the newest under "
+        "/usr/lib/postgresql, then PATH",
+    )
+
+    @property
+    def embedded(self) -> bool:
+        return self.dsn is None
+
+    @property
+    def effective_dsn(self) -> str:
+        """The DSN clients connect with (libpq's URI form)."""
+        return self.dsn or f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+
+
 class MqttSettings(_Section):
     """Where devices publish over MQTT: an external broker, or the embedded one."""
 
@@ -416,6 +446,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     mirror: MirrorSettings = Field(default_factory=MirrorSettings)
 

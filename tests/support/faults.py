@@ -2,8 +2,9 @@
 one step of one batch.
 
 Not part of kappaflow. A job runs it only when started with ``--pipeline
-faults:COUNT_WITH_CRASH`` (the counting pipeline) or ``faults:REVENUE_WITH_CRASH`` (the
-revenue example, a job on the job API with Kafka, Redis and lake sinks) and this
+faults:COUNT_WITH_CRASH`` (the counting pipeline), ``faults:REVENUE_WITH_CRASH`` (the
+revenue example, a job on the job API with Kafka, Redis and lake sinks) or
+``faults:REVENUE_TABLE_WITH_CRASH`` (its PostgreSQL twin, examples/revenue_table.py) and this
 directory on the driver's PYTHONPATH; ``CRASH_AT`` (``STEP:N``) names the step
 (streams/output/writer.py STEPS) and the first batch id at which to crash,
 in a batch that publishes something; the driver writes the step and the batch id it
@@ -52,3 +53,12 @@ def _start_revenue(ctx: JobContext) -> list[StreamingQuery]:
 
 
 REVENUE_WITH_CRASH = Pipeline(start=_start_revenue)
+
+
+def _start_revenue_table(ctx: JobContext) -> list[StreamingQuery]:
+    from revenue_table import build
+
+    return start_app(build, ctx, on_step=_crash)
+
+
+REVENUE_TABLE_WITH_CRASH = Pipeline(start=_start_revenue_table)

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kafka": ("kappaflow.cli.services", "kafka"),
     "redis": ("kappaflow.cli.services", "redis"),
     "mqtt": ("kappaflow.cli.services", "mqtt"),
+    "postgres": ("kappaflow.cli.services", "postgres"),
     # The service's group is declared with the services; `api serve` comes with it.
     "api": ("kappaflow.cli.api", "api"),
     "demo": ("kappaflow.cli.demo", "demo"),

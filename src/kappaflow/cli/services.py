@@ -1,5 +1,5 @@
-"""``setup``, ``kafka``, ``redis``, ``mqtt``, ``up``, ``down``, ``status``: the embedded
-services."""
+"""``setup``, ``kafka``, ``redis``, ``mqtt``, ``postgres``, ``up``, ``down``, ``status``:
+the embedded services."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from kappaflow.cli.output import iso_from_epoch_s, json_line, say, table
 from kappaflow.errors import ExternalServiceError
 from kappaflow.kafka.broker import EmbeddedBroker
 from kappaflow.mqtt.broker import EmbeddedMqtt
+from kappaflow.postgresql.server import EmbeddedPostgres
 from kappaflow.serving.redis_server import EmbeddedRedis, find_redis_server
 from kappaflow.settings import MAX_NODES
 
@@ -22,12 +23,14 @@ from kappaflow.settings import MAX_NODES
 @pass_context
 def setup(ctx: Context) -> None:
     """Check prerequisites, resolve the JVM artifacts from Maven Central, write the Spark
-    driver's class-data archive and install an MQTT broker if there is none (idempotent)."""
+    driver's class-data archive and install an MQTT broker and a PostgreSQL server if
+    there are none (idempotent)."""
     from kappaflow.install import find_java, resolve_all
     from kappaflow.install.engine import build_engine
     from kappaflow.install.localfs import build_local_fs
     from kappaflow.iot.jvm.scorer import build_scorer
     from kappaflow.mqtt.setup import ensure_mqtt_broker
+    from kappaflow.postgresql.setup import ensure_postgres_server
     from kappaflow.spark.cds import build_archive
 
     settings = ctx.settings
@@ -43,6 +46,7 @@ def setup(ctx: Context) -> None:
     if archived is not None:
         say(archived)
     say(f"redis-server at {find_redis_server(settings.redis.binary)}")
+    say(ensure_postgres_server(settings, say))
     say(ensure_mqtt_broker(settings, say))
     say(f"jars ready in {settings.jars_path}")
 
@@ -76,6 +80,14 @@ def _embedded_mqtt(ctx: Context) -> EmbeddedMqtt:
             "the MQTT broker is external (mqtt.url is set): kappaflow does not manage it"
         )
     return EmbeddedMqtt(ctx.settings)
+
+
+def _embedded_postgres(ctx: Context) -> EmbeddedPostgres:
+    if not ctx.settings.postgres.embedded:
+        raise ExternalServiceError(
+            "PostgreSQL is external (postgres.dsn is set): kappaflow does not manage it"
+        )
+    return EmbeddedPostgres(ctx.settings)
 
 
 @click.group()
@@ -186,7 +198,7 @@ def _url_service(
     name: str,
     what: str,
     summary: str,
-    embedded: Callable[[Context], EmbeddedRedis | EmbeddedMqtt | EmbeddedApi],
+    embedded: Callable[[Context], EmbeddedRedis | EmbeddedMqtt | EmbeddedApi | EmbeddedPostgres],
     ready: str,
     keeps: str,
 ) -> click.Group:
@@ -242,6 +254,14 @@ mqtt = _url_service(
     "accepts a connection",
     "mosquitto keeps its sessions and queued messages on disk",
 )
+postgres = _url_service(
+    "postgres",
+    "PostgreSQL",
+    "The embedded PostgreSQL, the database of kf.postgres() sinks (docs/postgres.md).",
+    _embedded_postgres,
+    "answers (initialised on first start, with wal_level=logical)",
+    "its data directory keeps the tables",
+)
 api = _url_service(
     "api",
     "the kappaflow service",
@@ -288,4 +308,4 @@ def status(ctx: Context, as_json: bool) -> None:
         )
 
 
-COMMANDS = (setup, kafka, redis, mqtt, api, up, down, status)
+COMMANDS = (setup, kafka, redis, mqtt, postgres, api, up, down, status)

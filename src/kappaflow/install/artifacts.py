@@ -66,6 +66,7 @@ SPARK_CONNECTOR = JarSet(
         "kafka-clients",
         "commons-pool2",
         "jedis",
+        "postgresql",
     ),
 )
 

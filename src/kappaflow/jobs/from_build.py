@@ -1,5 +1,5 @@
 """A user's job (``package.module:build``) as a kappaflow pipeline: Kafka in, Kafka,
-Redis and the lake out."""
+Redis, the lake and PostgreSQL out."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from kappaflow.jobs.files import PLAN, record_resources, write_atomically
 from kappaflow.jobs.plan import record_plan, verify_restart
 from kappaflow.jobs.resources import job_resources
 from kappaflow.kafka.topics import create_topic, list_topics
+from kappaflow.postgresql.server import connect
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
 from kappaflow.spark.kafka_io import read_batch, read_range, read_stream
@@ -31,7 +32,7 @@ from kappaflow.streams.runtime import (
     start_outputs,
     topic_configs,
 )
-from kappaflow.streams.sinks import RedisSink
+from kappaflow.streams.sinks import PostgresSink, RedisSink
 
 
 class KafkaReader:
@@ -82,6 +83,15 @@ def start_app(
     wants_redis = any(isinstance(s, RedisSink) for o in job.outputs for s in o.sinks)
     # Redis is reached now, so that a job whose store is down creates nothing.
     store = RedisStore(redis_client(settings), ctx.name) if wants_redis else None
+    # PostgreSQL too: its tables are created by the first batch, on a server that answers.
+    databases = {
+        s.dsn or settings.postgres.effective_dsn
+        for o in job.outputs
+        for s in o.sinks
+        if isinstance(s, PostgresSink)
+    }
+    for dsn in sorted(databases):
+        connect(dsn).close()
     verify_restart(job, fs, checkpoint_root)
     # Before anything is created: a removal must find all of it (removal.py).
     record_resources(
@@ -95,6 +105,7 @@ def start_app(
         lake_root=settings.lake_root,
         status_dir=settings.jobs_dir.resolve() / ctx.name / "outputs",
         trigger_ms=settings.spark.trigger_interval_ms,
+        postgres_dsn=settings.postgres.effective_dsn,
     )
     record_plan(job, fs)
     plan_file = PLAN if ctx.part is None else f"plan.{ctx.part}.json"

@@ -44,7 +44,7 @@ from kappaflow.streams.model import (
 )
 from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import compile_schema
-from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink, Sink
+from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink, Sink
 from kappaflow.streams.stateful_plan import process_stream
 
 if TYPE_CHECKING:
@@ -334,7 +334,8 @@ class Stream:
     def to(self, *sinks: Sink, name: str | None = None) -> None:
         """Write every record to ``sinks`` (Kafka topics, lake tables), exactly once; the
         serving store (``kf.store()``) keeps the latest record of each key of a keyed
-        stream (a stateful function's output, keyed by its ``by`` columns)."""
+        stream (a stateful function's output, keyed by its ``by`` columns), and a
+        PostgreSQL table (``kf.postgres()``) each key's latest row."""
         if not sinks:
             raise InvalidSinkError("to(): name at least one sink")
         for sink in sinks:
@@ -345,7 +346,13 @@ class Stream:
                 )
         default = self.name or next(
             (s.topic for s in sinks if isinstance(s, KafkaSink) and s.topic),
-            next((s.table for s in sinks if isinstance(s, ParquetSink)), "records"),
+            next(
+                (s.table for s in sinks if isinstance(s, ParquetSink)),
+                next(
+                    (s.table.rsplit(".", 1)[-1] for s in sinks if isinstance(s, PostgresSink)),
+                    "records",
+                ),
+            ),
         )
         self.job._add(Output(_output_name(name or default), self, sinks))
 

@@ -20,7 +20,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kappaflow.errors import BuildFailedError, InvalidJobError, KappaflowError, WaitTimeoutError
+from kappaflow.errors import (
+    BuildFailedError,
+    InvalidJobError,
+    InvalidSinkError,
+    KappaflowError,
+    WaitTimeoutError,
+)
 from kappaflow.kafka.topics import COMPACTED
 from kappaflow.streams.job import Job, Output
 from kappaflow.streams.joins import stream_joined
@@ -30,8 +36,16 @@ from kappaflow.streams.ops.session_windows import aggregate_sessions
 from kappaflow.streams.ops.windowing import aggregate_windows, bind_aggregates
 from kappaflow.streams.output.backends import Publisher, ResultStore
 from kappaflow.streams.output.lake import LakeWriter
+from kappaflow.streams.output.postgres import (
+    PostgresTable,
+    PostgresWriter,
+    aggregate_table,
+    stream_table,
+    value_types,
+)
+from kappaflow.streams.output.task_records import json_key_type
 from kappaflow.streams.output.writer import OutputTarget, OutputWriter, StepHook
-from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
+from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink
 from kappaflow.streams.window_engine import record_aggregates, window_engine
 from kappaflow.waiting import wait_for
 
@@ -92,6 +106,8 @@ class Backends:
     status_dir: Path | None = None
     #: The least time between two micro-batch starts of a query (0: back to back).
     trigger_ms: int = 0
+    #: The PostgreSQL a ``kf.postgres()`` sink without a ``dsn`` writes to (None: none).
+    postgres_dsn: str | None = None
 
 
 def declare(
@@ -368,7 +384,11 @@ def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> Ou
     state = output.stream.state_definition
     agg = output.aggregate
     types = {f.name: f.dataType for f in output.stream.df.schema.fields}
+    postgres = tuple(
+        PostgresWriter(table) for table in postgres_tables(job, output, backends.postgres_dsn)
+    )
     return OutputTarget(
+        postgres=postgres,
         aggregated=agg is not None,
         packed=packed,
         key_types=tuple((k, types[k]) for k in agg.keys) if agg is not None else (),
@@ -393,6 +413,32 @@ def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> Ou
             else ()
         ),
     )
+
+
+def postgres_tables(job: Job, output: Output, default_dsn: str | None) -> list[PostgresTable]:
+    """The PostgreSQL tables of ``output``'s ``kf.postgres()`` sinks, their columns
+    resolved."""
+    tables = []
+    for sink in output.sinks:
+        if not isinstance(sink, PostgresSink):
+            continue
+        dsn = sink.dsn or default_dsn
+        if dsn is None:
+            raise InvalidSinkError(
+                f"postgres sink {sink.table!r} of {job.name}.{output.name}: no database "
+                "(give dsn=; the test harness has no PostgreSQL of its own)"
+            )
+        agg = output.aggregate
+        if agg is not None:
+            types = {f.name: f.dataType for f in output.stream.df.schema.fields}
+            keys = [(k, json_key_type(types[k])) for k in agg.keys]
+            values = value_types(agg.aggregates, types)
+            tables.append(aggregate_table(sink.table, dsn, keys, values, sink.key))
+        else:
+            schema = output.stream.df.drop(*BOOKKEEPING).schema
+            key = sink.key or output.stream.source.keys
+            tables.append(stream_table(sink.table, dsn, schema, key))
+    return tables
 
 
 def lake_paths(job: Job, lake_root: str) -> list[str]:
@@ -430,6 +476,22 @@ def describe(job: Job, lake_root: str | None = None) -> dict[str, Any]:
                     {
                         "redis": f"kf:{job.name}:{output.name}:",
                         "guarantee": "exactly once (idempotent writes)",
+                    }
+                )
+            elif isinstance(sink, PostgresSink):
+                sinks.append(
+                    {
+                        "postgres": sink.table,
+                        "key": list(
+                            sink.key
+                            or (
+                                output.stream.source.keys
+                                if output.aggregate is None
+                                else (*output.aggregate.keys, "window_start")
+                            )
+                        ),
+                        "guarantee": "exactly once (a transaction and a marker per batch "
+                        "and partition)",
                     }
                 )
             else:

@@ -1,5 +1,6 @@
 """Where a job's results go: the sinks a user names in ``.to(...)``: ``topic()`` (Kafka),
-``store()`` (the Redis serving store) and ``lake()`` (a Parquet table).
+``store()`` (the Redis serving store), ``lake()`` (a Parquet table) and ``postgres()`` (a
+PostgreSQL table).
 
 These are declarations only; the batch writer (writer.py) carries them out, all sinks of
 one output in one ``foreachBatch``, so that each holds every result exactly once.
@@ -15,6 +16,9 @@ from kappaflow.errors import InvalidSinkError
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _LAKE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_SQL_NAME = r"[a-z_][a-z0-9_]{0,62}"
+_TABLE = re.compile(rf"^(?:{_SQL_NAME}\.)?{_SQL_NAME}$")
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,21 @@ class ParquetSink:
     by_date: str | None = None
 
 
-Sink = KafkaSink | RedisSink | ParquetSink
+@dataclass(frozen=True)
+class PostgresSink:
+    """A PostgreSQL table, upserted by its key: each key's current row.
+
+    ``table`` is ``name`` or ``schema.name``; ``key`` the columns a row is found by (a
+    windowed aggregate's: its ``by`` columns and ``window_start``, always); ``dsn`` None
+    means the settings' server (the embedded one unless ``postgres.dsn`` is set).
+    """
+
+    table: str
+    key: tuple[str, ...] = ()
+    dsn: str | None = None
+
+
+Sink = KafkaSink | RedisSink | ParquetSink | PostgresSink
 
 
 def topic(name: str | None = None, *, compact: bool = False) -> KafkaSink:
@@ -77,3 +95,23 @@ def lake(
         )
     columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
     return ParquetSink(table, columns, by_date)
+
+
+def postgres(table: str, *, key: str | Sequence[str] = (), dsn: str | None = None) -> PostgresSink:
+    """Upsert into the PostgreSQL table ``table`` (created if missing), by ``key``: a
+    stream's rows by those columns (default: the stream's key), a windowed aggregate's
+    windows by their key and start, corrections updating the row in place. Each batch's
+    partition is written in one transaction with its marker: exactly once. ``dsn``: a
+    ``postgresql://`` URI of another server than the settings'."""
+    if not _TABLE.match(table):
+        raise InvalidSinkError(
+            f"postgres sink: {table!r} is not a table name (lower case letters, digits and "
+            "_, optionally after a schema and a dot)"
+        )
+    columns = (key,) if isinstance(key, str) else tuple(key)
+    for column in columns:
+        if not _COLUMN.match(column):
+            raise InvalidSinkError(f"postgres sink: key column {column!r} is not a column name")
+    if dsn is not None and not dsn.startswith(("postgresql://", "postgres://")):
+        raise InvalidSinkError("postgres sink: dsn= is a postgresql:// URI")
+    return PostgresSink(table, columns, dsn)

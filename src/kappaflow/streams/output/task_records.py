@@ -372,7 +372,7 @@ def lake_change_rows(
     parsed = F.from_json("values", schema) if schema.fields else None
     key = F.parse_json(F.col("key"))
     columns = [
-        F.variant_get(key, f"$[{i}]", _lake_type(kind).simpleString()).alias(name)
+        F.variant_get(key, f"$[{i}]", json_key_type(kind).simpleString()).alias(name)
         for i, (name, kind) in enumerate(keys)
     ]
     columns += [
@@ -397,7 +397,7 @@ def _values_schema(changes: DataFrame) -> StructType:
     return StructType([f for f in schema.fields if f.name != "_corrupt_record"])
 
 
-def _lake_type(kind: DataType) -> DataType:
+def json_key_type(kind: DataType) -> DataType:
     """What a key's JSON value reads back as (what Python's ``json.loads`` makes of it)."""
     if isinstance(kind, IntegralType):
         return LongType()

@@ -3,11 +3,12 @@
 Spark re-runs a batch after a crash with the same input and state, so it produces the
 same rows, in the same partitions. The writer goes in an order that makes every step
 safe to repeat: the serving store (idempotent writes), the lake (a batch is published
-once, by id: lake.py), the Kafka records (each task writes its partition of the batch in
-a transaction of its own with a marker of that partition, and skips a partition whose
-marker is committed: KafkaOutput.java), then the output's marker, in a transaction of
-the driver's (skipped for a batch whose marker is already committed). Readers with
-``read_committed`` see every record once.
+once, by id: lake.py), PostgreSQL tables (each task's partition of the batch in a
+transaction with its marker: postgres.py), the Kafka records (each task writes its
+partition of the batch in a transaction of its own with a marker of that partition, and
+skips a partition whose marker is committed: KafkaOutput.java), then the output's
+marker, in a transaction of the driver's (skipped for a batch whose marker is already
+committed). Readers with ``read_committed`` see every record once.
 
 The batch's rows stay in Spark's tasks: the records and the lake's rows are Spark SQL
 over them (task_records.py), and the driver gets counts back from one small aggregation.
@@ -54,6 +55,7 @@ from kappaflow.streams.output.json_columns import (
 )
 from kappaflow.streams.output.lake import LakeWriter
 from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.postgres import PostgresWriter
 from kappaflow.streams.output.task_records import (
     changelog,
     dead_letters,
@@ -116,6 +118,8 @@ class OutputTarget:
     key_types: tuple[tuple[str, DataType], ...] = ()
     #: An aggregate's value names, in the order its lake table's columns take.
     value_names: tuple[str, ...] = ()
+    #: Its PostgreSQL tables (``kf.postgres()`` sinks).
+    postgres: tuple[PostgresWriter, ...] = ()
 
     @property
     def late_topic(self) -> str:
@@ -201,6 +205,20 @@ class OutputWriter:
                 for lake in target.lakes:
                     lake_rows = lake.write(self._lake_frame(rows), batch_id)
             laps.lap("lake")
+            postgres_rows = 0
+            if tally.changes or tally.records:
+                # Each task's part in a transaction with its marker: a re-run writes nothing.
+                for table in target.postgres:
+                    postgres_rows = table.write(
+                        target.job,
+                        target.name,
+                        batch_id,
+                        rows,
+                        target.row_schema,
+                        target.checkpoint,
+                    )
+            if target.postgres:
+                laps.lap("postgres")
             self._step("after-lake", batch_id)
             last = self.publisher.committed(target.name)
             if last is None or batch_id > last["batch_id"]:
@@ -210,6 +228,8 @@ class OutputWriter:
                     records = self._records(rows, batch_id, late_rows)
                     kafka_records = self.publisher.write(target.name, batch_id, records)
                 counts = {"kafka_records": kafka_records, "lake_rows": lake_rows}
+                if target.postgres:
+                    counts["postgres_rows"] = postgres_rows
                 marker = {
                     "batch": {**stats, **counts},
                     "totals": _added((last or {}).get("totals", {}), {**stats, **counts}),

@@ -186,6 +186,29 @@ def test_each_partition_of_a_batch_is_written_once_and_a_zombie_is_fenced(
     ]
 
 
+def test_fencing_an_output_aborts_what_every_partitions_writer_left_open(
+    kafka: Settings, spark: SparkSession, job_topics: tuple[str, str]
+) -> None:
+    job, out = job_topics
+    engine = jvm_engine(spark)
+    # Zombies of the writers of partitions 0, 3 and 5, each with a record in a transaction.
+    zombies = []
+    for partition in (0, 3, 5):
+        zombie = transactional_producer(
+            kafka.kafka, str(engine.KafkaOutput.transactionalId(job, "o", partition))
+        )
+        zombie.begin_transaction()
+        zombie.produce(out, value=f"zombie{partition}".encode(), key=b"z")
+        zombie.flush(30)
+        zombies.append(zombie)
+    engine.KafkaOutput.fence(job, "o", 6, _config(kafka))
+    for zombie in zombies:
+        with pytest.raises(KafkaException):
+            zombie.commit_transaction(30)
+    # Nothing of theirs is visible, and the topic's end is not held by an open transaction.
+    assert _values(kafka, out) == []
+
+
 # -- a large batch, written without reaching the driver -----------------------------------
 
 #: Row counts the driver's Python process received, per call that moves rows to it.

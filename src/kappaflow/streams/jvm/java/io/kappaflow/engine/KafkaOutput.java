@@ -98,9 +98,9 @@ public final class KafkaOutput {
   public static void fence(String job, String output, int partitions, String configJson)
       throws Exception {
     Map<String, String> config = readMap(configJson);
-    // One at a time, each initTransactions' round trips (coordinator, the transaction log's
-    // write, the abort of what was open) added up to 10 to 20 s for a first batch on a busy
-    // machine; the ids are independent, so they are fenced side by side.
+    // One at a time, the initTransactions' round trips (coordinator, the transaction log's
+    // write, the abort of what was open) add up for a first batch on a busy machine; the ids
+    // are independent, so they are fenced side by side.
     ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, Math.min(partitions, 16)));
     try {
       List<Future<?>> fenced = new ArrayList<>();

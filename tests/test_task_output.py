@@ -25,7 +25,12 @@ from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
 from kappaflow.streams.jvm import jvm_engine
 from kappaflow.streams.model import Source
-from kappaflow.streams.output.backends import KafkaPublisher, commits_topic
+from kappaflow.streams.output.backends import (
+    KafkaPublisher,
+    MemoryPublisher,
+    MemoryStore,
+    commits_topic,
+)
 from kappaflow.streams.output.task_records import changelog, dead_letters
 from kappaflow.streams.output.writer import OutputTarget, OutputWriter, changelog_records
 from kappaflow.streams.runtime import _shaped
@@ -181,6 +186,29 @@ def test_each_partition_of_a_batch_is_written_once_and_a_zombie_is_fenced(
     ]
 
 
+def test_fencing_an_output_aborts_what_every_partitions_writer_left_open(
+    kafka: Settings, spark: SparkSession, job_topics: tuple[str, str]
+) -> None:
+    job, out = job_topics
+    engine = jvm_engine(spark)
+    # Zombies of the writers of partitions 0, 3 and 5, each with a record in a transaction.
+    zombies = []
+    for partition in (0, 3, 5):
+        zombie = transactional_producer(
+            kafka.kafka, str(engine.KafkaOutput.transactionalId(job, "o", partition))
+        )
+        zombie.begin_transaction()
+        zombie.produce(out, value=f"zombie{partition}".encode(), key=b"z")
+        zombie.flush(30)
+        zombies.append(zombie)
+    engine.KafkaOutput.fence(job, "o", 6, _config(kafka))
+    for zombie in zombies:
+        with pytest.raises(KafkaException):
+            zombie.commit_transaction(30)
+    # Nothing of theirs is visible, and the topic's end is not held by an open transaction.
+    assert _values(kafka, out) == []
+
+
 # -- a large batch, written without reaching the driver -----------------------------------
 
 #: Row counts the driver's Python process received, per call that moves rows to it.
@@ -332,3 +360,79 @@ def test_the_tasks_store_the_windows_the_driver_stored(
         b'["b"]',
         '["caf\u00e9 \\"x\\""]'.encode(),
     }
+
+
+class _CountingStore(MemoryStore):
+    """The in-memory store, counting the Spark jobs its ``write`` runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, output: str, rows: DataFrame) -> int:
+        self.writes += 1
+        return super().write(output, rows)
+
+
+def _batch(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    columns = "kind string, key string, window_start bigint, window_end bigint, values string"
+    more = ", version bigint, watermark bigint, events bigint, held bigint"
+    return _shaped(spark.createDataFrame(rows, columns + more))
+
+
+def test_a_batch_without_changes_runs_no_store_write_and_is_accounted(
+    spark: SparkSession,
+) -> None:
+    source = Source(
+        topic="clicks",
+        schema=RecordSchema("Click", (), None),
+        keys=("user",),
+        time="at",
+        id=None,
+        watermark_ms=0,
+        lateness_ms=0,
+        start="earliest",
+    )
+    target = OutputTarget(
+        job="j",
+        name="o",
+        source=source,
+        keys=("user",),
+        topics=(),
+        redis=True,
+        lakes=(),
+        checkpoint="unused",
+        aggregated=True,
+    )
+    store = _CountingStore()
+    writer = OutputWriter(target, MemoryPublisher(), store, reader=None)
+    blank = dict.fromkeys(("key", "values", "version", "events", "held"))
+    stats = {**blank, "kind": "stats", "window_start": START, "window_end": START + MINUTE}
+    # Batch 0: a statistics row only (events counted, the watermark moved, no change).
+    only_stats = [{**stats, "events": 3, "held": 1, "watermark": START + 5}]
+    writer(_batch(spark, only_stats), 0)
+    assert store.writes == 0
+    assert store.stats["o"] == {
+        "events": 3,
+        "duplicates": 0,
+        "late": 0,
+        "dead_letters": 0,
+        "watermark": START + 5,
+    }
+    assert store.open["o"] == {START: 1} and store.applied["o"] == 0
+    # Batch 1: a change besides its statistics is written.
+    change = {
+        **blank,
+        "kind": "provisional",
+        "key": '["a"]',
+        "window_start": START,
+        "window_end": START + MINUTE,
+        "values": '{"n":4}',
+        "version": 1,
+        "watermark": START + 6,
+    }
+    with_change = [{**stats, "events": 1, "held": 0, "watermark": START + 6}, change]
+    writer(_batch(spark, with_change), 1)
+    assert store.writes == 1
+    assert store.windows["o"][('["a"]', START)]["values"] == {"n": 4}
+    assert store.stats["o"]["events"] == 4 and store.applied["o"] == 1

@@ -72,6 +72,9 @@ SINKS = ("redis", "kafka")
 #: and how long its output may stay unchanged before we stop waiting for it.
 DRAIN_TIMEOUT_S = 120.0
 DRAIN_QUIET_S = 15.0
+#: The job API's job: a micro-batch of it takes 10 s and more on a busy machine (query
+#: planning alone several seconds), so 15 s without a change does not mean it is done.
+DRAIN_QUIET_JOB_API_S = 60.0
 #: The least warm-up: a fresh job's first batch pays 10-20 s of start-up by itself.
 PRIME_MIN_EVENTS = 2_000
 PRIME_TIMEOUT_S = 180.0
@@ -239,7 +242,8 @@ def run(
         say(f"generator: {gen.events:,} events at {gen.achieved_rate:,.0f}/s; checking")
         expected = expected_counts(settings.kafka, topic, ad_campaigns(store))
         result.events, result.views = expected.events, expected.views
-        stats = _drain(read, expected.views)
+        quiet = DRAIN_QUIET_JOB_API_S if spec.job_api else DRAIN_QUIET_S
+        stats = _drain(read, expected.views, quiet)
         result.drain_s = round(time.monotonic() - generated_at, 1)
         cpu_at_end = cpu_seconds(engine.pid())
         if cpu_at_start is not None and cpu_at_end is not None and cpu_at_end > cpu_at_start:
@@ -332,7 +336,9 @@ def _prime(
     )
 
 
-def _drain(read: Callable[[], list[WindowStat]], views: int) -> list[WindowStat]:
+def _drain(
+    read: Callable[[], list[WindowStat]], views: int, quiet_s: float = DRAIN_QUIET_S
+) -> list[WindowStat]:
     """The engine's windows once they account for every view, or once they stop changing."""
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     last_total, last_change = -1, time.monotonic()
@@ -342,7 +348,7 @@ def _drain(read: Callable[[], list[WindowStat]], views: int) -> list[WindowStat]
         now = time.monotonic()
         if total != last_total:
             last_total, last_change = total, now
-        if total >= views or now - last_change >= DRAIN_QUIET_S or now >= deadline:
+        if total >= views or now - last_change >= quiet_s or now >= deadline:
             return stats
         time.sleep(0.5)
 

@@ -195,7 +195,7 @@ class OutputWriter:
             self._step("before-store", batch_id)
             if self.store is not None and target.redis:
                 account = BatchAccount(stats, tally.watermark, tally.held)
-                self._store(rows, batch_id, account)
+                self._store(rows, batch_id, account, writes=tally.changes + tally.records)
             laps.lap("redis")
             self._step("after-store", batch_id)
             lake_rows = 0
@@ -289,14 +289,17 @@ class OutputWriter:
             records = records.unionByName(late)
         return records
 
-    def _store(self, rows: DataFrame, batch_id: int, account: BatchAccount) -> None:
+    def _store(self, rows: DataFrame, batch_id: int, account: BatchAccount, *, writes: int) -> None:
         """The batch's windows (or a keyed stream's latest records) written to the
-        serving store by the tasks holding them; the batch's account from the driver."""
+        serving store by the tasks holding them; the batch's account from the driver.
+        A batch with nothing to write (``writes``: its changes and records; one that only
+        moves the watermark, say) runs no Spark job for it: that job costs about a
+        second per batch on a busy machine."""
         assert self.store is not None
         target = self.target
-        if target.keys or target.aggregated:
+        if writes and (target.keys or target.aggregated):
             self.store.write(target.name, store_windows(rows))
-        elif target.source.keys:
+        elif writes and target.source.keys:
             self.store.write(target.name, store_latest(rows, target.source.keys))
         self.store.account(target.name, batch_id, account)
 

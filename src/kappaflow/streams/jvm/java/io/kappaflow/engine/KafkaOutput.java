@@ -11,6 +11,10 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -94,11 +98,33 @@ public final class KafkaOutput {
   public static void fence(String job, String output, int partitions, String configJson)
       throws Exception {
     Map<String, String> config = readMap(configJson);
-    for (int partition = 0; partition < partitions; partition++) {
-      try (KafkaProducer<byte[], byte[]> producer =
-          producer(config, transactionalId(job, output, partition))) {
-        producer.initTransactions();
+    // One at a time, the initTransactions' round trips (coordinator, the transaction log's
+    // write, the abort of what was open) add up for a first batch on a busy machine; the ids
+    // are independent, so they are fenced side by side.
+    ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, Math.min(partitions, 16)));
+    try {
+      List<Future<?>> fenced = new ArrayList<>();
+      for (int partition = 0; partition < partitions; partition++) {
+        String id = transactionalId(job, output, partition);
+        fenced.add(
+            pool.submit(
+                () -> {
+                  try (KafkaProducer<byte[], byte[]> producer = producer(config, id)) {
+                    producer.initTransactions();
+                  }
+                  return null;
+                }));
       }
+      for (Future<?> each : fenced) {
+        try {
+          each.get();
+        } catch (ExecutionException e) {
+          Throwable cause = e.getCause();
+          throw cause instanceof Exception ? (Exception) cause : e;
+        }
+      }
+    } finally {
+      pool.shutdownNow();
     }
   }
 

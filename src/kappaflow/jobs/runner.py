@@ -101,7 +101,7 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     from kappaflow.spark.environment import spark_environment
     from kappaflow.spark.session import build_session
 
-    pipeline = load_pipeline(record.pipeline)
+    pipeline = load_pipeline(record.pipeline, real_time=record.real_time)
     settings = _settings(record)
     spark = None
     start: Callable[[], list[Any]] = list
@@ -204,7 +204,7 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
 
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     try:
-        pipeline = load_pipeline(record.pipeline)
+        pipeline = load_pipeline(record.pipeline, real_time=record.real_time)
         settings = _settings(record)
         spec = next((p for p in pipeline.parts(record.params, settings) if p.name == part), None)
         if spec is None:

@@ -193,3 +193,39 @@ def test_the_cli_refuses_a_job_with_a_udf_before_its_queries_start(
         assert "RealTimeModeError" in started.err and "<lambda>(value)" in started.err
     finally:
         stop_if_running(serving, job)
+
+
+def test_alert_rules_run_in_real_time_mode(cli: Any, serving: Settings, new_topic: Any) -> None:
+    """A job of declarative alert rules (realtime_jobs.alerts) in real-time mode: an alert
+    per reading a rule holds for, as it comes; the store keeps each device's latest."""
+    topic, dest = new_topic(), new_topic()
+    job = f"rt-alerts-{uuid.uuid4().hex[:6]}"
+    env = {"PYTHONPATH": PATH}
+    started = cli(
+        "jobs", "start", job, "--app", "realtime_jobs:alerts", "--real-time",
+        "-P", f"topic={topic}", "-P", f"dest={dest}", env=env,
+    )  # fmt: skip
+    assert started.code == 0, started.err
+    try:
+        send_json(
+            serving,
+            topic,
+            [_reading("a", 9.0), _reading("b", 1.0), _reading("c", -2.0), _reading("a", 5.0)],
+            key="device",
+        )
+        alerts = wait_for(
+            lambda: found if len(found := _records(serving, dest)) >= 3 else None,
+            timeout=180,
+            interval=0.5,
+            what=f"{job}'s alerts",
+        )
+        got = sorted((k, v["rule"], v["value"]) for k, v in alerts)
+        assert got == [
+            (b'["a"]', "high", 5.0),
+            (b'["a"]', "high", 9.0),
+            (b'["c"]', "negative", -2.0),
+        ]
+        latest = redis_client(serving).hgetall(f"kf:{job}:{dest}:latest")
+        assert sorted(latest) == [b'["a"]', b'["c"]']
+    finally:
+        stop_if_running(serving, job)

@@ -49,3 +49,9 @@ def with_stateful(job: kf.Job) -> None:
     readings = job.source(job.param("topic"), Reading, key="device")
     readings.process(last_seen, by="device").to(kf.topic(job.param("dest")))
 
+
+def alerts(job: kf.Job) -> None:
+    readings = job.source(job.param("topic"), Reading, key="device")
+    readings.alerts(high=("value", ">=", 5.0), negative=("value", "<", 0)).to(
+        kf.topic(job.param("dest")), kf.store()
+    )

@@ -42,7 +42,7 @@ from kappaflow.streams.output.task_records import (
     iso_text,
     window_held,
 )
-from kappaflow.streams.runtime import output_frame
+from kappaflow.streams.runtime import _dead_letters, _shaped, output_frame
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
 
 
@@ -75,6 +75,11 @@ def refuse_python(job: Job) -> None:
             raise RealTimeModeError(
                 f"{where}: joins do not run in real-time mode yet: start the job without "
                 "--real-time"
+            )
+        if stream.source.rejected:
+            raise RealTimeModeError(
+                f"{where}: records refused by Stream.reject do not reach the dead-letter "
+                "topic in real-time mode yet: start the job without --real-time"
             )
         lakes = [s.table for s in output.sinks if isinstance(s, ParquetSink)]
         if lakes:
@@ -109,7 +114,21 @@ def slots(job: Job, partitions: dict[str, int]) -> int:
     for output in job.outputs:
         n = partitions[output.stream.source.topic]
         total += 2 * n if output.aggregate is not None else n
+    # A source whose records every output filters or reshapes: its dead letters' query.
+    total += sum(partitions[t] for t in _dead_letter_topics(job))
     return total
+
+
+def _dead_letter_topics(job: Job) -> list[str]:
+    """The sources no output carries the dead letters of: every output of theirs filters
+    or reshapes the records, and real-time mode reads a source once per query (no union
+    of a source with itself), so their dead letters go through a query of their own."""
+    whole = {o.stream.source.topic for o in job.outputs if o.stream.whole}
+    return list(
+        dict.fromkeys(
+            o.stream.source.topic for o in job.outputs if o.stream.source.topic not in whole
+        )
+    )
 
 
 def start_real_time(
@@ -123,7 +142,8 @@ def start_real_time(
     """One started real-time query per output of ``job`` (refuse_python first)."""
     spark = job.spark
     engine = jvm_engine(spark)
-    carried: set[str] = set()
+    # Dead letters travel with the first output that reads its source whole.
+    carried: set[str] = set(_dead_letter_topics(job))
     queries: list[StreamingQuery] = []
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     try:
@@ -145,6 +165,29 @@ def start_real_time(
                 store.url if wants_store and store is not None else "",
                 (store.username if store is not None else None) or "",
                 (store.password if store is not None else None) or "",
+            )
+            queries.append(StreamingQuery(jquery))
+        for topic in _dead_letter_topics(job):
+            first = next(o for o in job.outputs if o.stream.source.topic == topic)
+            source = first.stream.source
+            letters = _shaped(_dead_letters(first.stream.parsed))
+            value = dead_letter_value(
+                letters, job=job.name, schema=source.schema.name, source_topic=topic
+            )
+            rows = letters.select(
+                _kafka(F.lit(f"{job.name}.dlq"), F.lit(None), value).alias("_out")
+            ).select("_out.*")
+            name = f"{topic}-dead-letters"
+            jquery = engine.RealtimeOutput.start(
+                rows._jdf,
+                f"{job.name}.{name}",
+                f"{checkpoint_root.rstrip('/')}/{name}",
+                interval,
+                json.dumps(kafka),
+                "",
+                "",
+                "",
+                "",
             )
             queries.append(StreamingQuery(jquery))
     finally:

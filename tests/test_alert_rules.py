@@ -57,3 +57,25 @@ def test_a_malformed_rule_is_refused(spark: SparkSession, rule: Any, message: st
         kf.testing.run(build, {"t": [[]]}, spark=spark)
     assert refused.value.code == "KF731"
     assert message in str(refused.value)
+
+
+def test_the_iot_score_alert_raises_on_each_reading_scored_high(spark: SparkSession) -> None:
+    from kappaflow.iot.alerts import build_realtime
+    from kappaflow.iot.models import ALERT_SCORE
+
+    def scored(device: str, score: float, at: str) -> dict[str, Any]:
+        return {"device": device, "metric": "fan_speed", "value": 1.0, "time": at, "id": at}
+
+    batches: list[list[Any]] = [
+        [
+            {**scored("d1", 0, "2026-11-29T10:00:00.000Z"), "score": ALERT_SCORE},
+            {**scored("d2", 0, "2026-11-29T10:00:01.000Z"), "score": ALERT_SCORE - 0.01},
+        ]
+    ]
+    dest = "bench.run.alerts"
+    results = kf.testing.run(
+        build_realtime, {"s": batches}, params={"source": "s", "dest": dest}, spark=spark
+    )
+    [alert] = results.records(dest)
+    assert (alert["device"], alert["rule"], alert["status"]) == ("d1", "score", "raised")
+    assert alert["time"] == "2026-11-29T10:00:00.000Z"

@@ -226,7 +226,8 @@ def build_realtime(job: kf.Job) -> None:
         watermark="1m",
     )
     alerts = scores.alerts(score=("score", ">=", ALERT_SCORE))
-    alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)), kf.store())
+    # Named: a topic's name (``dest``) may hold dots, which an output's name may not.
+    alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)), kf.store(), name="alerts")
 
 
 def build(job: kf.Job) -> None:

@@ -133,7 +133,10 @@ class JobManager:
         """Start the job's driver; with ``wait``, return once its queries run.
         ``real_time``: a job on the job API, in Spark's real-time mode."""
         # An unknown pipeline fails here, not in the background.
-        load_pipeline(pipeline, real_time=real_time)
+        if real_time:
+            load_pipeline(pipeline, real_time=True)
+        else:
+            load_pipeline(pipeline)
         home = self.job_dir(name)
         process = self._process(name)
         if process.status().state is ProcState.RUNNING:

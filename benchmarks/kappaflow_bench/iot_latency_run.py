@@ -84,7 +84,9 @@ APP = "kappaflow.iot.app:build"
 REALTIME = "kappaflow.iot.realtime:PIPELINE"
 #: The scorers a run can measure, and where its alerting part can run.
 SCORERS = ("realtime", "batch")
-ALERTS = ("app", "apart")
+ALERTS = ("app", "apart", "realtime")
+#: The alerting job in real-time mode (alerts ``realtime``).
+REALTIME_ALERTS = "kappaflow.iot.alerts:build_realtime"
 #: Anomalies a day per device and metric: many, so that alerts come within minutes (the
 #: demo's figure).
 ANOMALIES_PER_DAY = 48.0
@@ -278,7 +280,8 @@ class LatencyRun:
         self.topics = t
         self.app, self.trainer = f"bench-latency-{run_id}", f"bench-latency-{run_id}-train"
         self.scoring = f"bench-latency-{run_id}-score" if scorer == "realtime" else None
-        self.alerting = f"bench-latency-{run_id}-alerts" if alerts == "apart" else None
+        self.alerting = f"bench-latency-{run_id}-alerts" if alerts != "app" else None
+        self.alerts_realtime = alerts == "realtime"
         scoring = {"source": t["telemetry.clean"], "models": t["models"], "dest": t["scores"]}
         if self.scoring:
             # Raw readings, scored as they reach Kafka, as the cleaning job would pass them.
@@ -313,7 +316,13 @@ class LatencyRun:
                 "train.dest": t["models"],
             },
             **({self.scoring: scoring} if self.scoring else {}),
-            **({self.alerting: {"parts": "alerts", **alerting}} if self.alerting else {}),
+            **(
+                {self.alerting: {"source": t["scores"], "dest": t["alerts"]}}
+                if self.alerts_realtime and self.alerting
+                else {self.alerting: {"parts": "alerts", **alerting}}
+                if self.alerting
+                else {}
+            ),
         }
         self.jobs = JobManager(settings)
         self.home = settings.state_dir / "bench-iot-latency"
@@ -379,13 +388,15 @@ class LatencyRun:
         say(f"job {self.trainer} running")
 
     def _start_job(self, name: str) -> None:
+        real_time_alerts = self.alerts_realtime and name == self.alerting
         self.jobs.start(
             name,
-            REALTIME if name == self.scoring else APP,
+            REALTIME if name == self.scoring else REALTIME_ALERTS if real_time_alerts else APP,
             self.params[name],
             overrides=self.overrides,
             config_file=self.config_file,
             timeout=START_TIMEOUT_S * 2,
+            real_time=real_time_alerts,
         )
 
     def wait_for_output(self, output: int, what: str) -> None:

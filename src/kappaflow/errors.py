@@ -676,6 +676,14 @@ class UnknownColumnError(StreamError, LookupError):
     code = "KF732"
 
 
+class RealTimeModeError(StreamError):
+    """A job started in real-time mode has an operator or sink that mode cannot run: a
+    Python one (a ``@kf.stateful`` function, a UDF), a session window, a join, a lake
+    table."""
+
+    code = "KF736"
+
+
 class BuildFailedError(StreamError):
     """The job's ``build`` function raised an exception of its own."""
 

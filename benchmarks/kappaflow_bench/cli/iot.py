@@ -254,8 +254,10 @@ def iot_ingest(
     default="app",
     show_default=True,
     help="where the alerting part runs, comma-separated, one whole run each per scorer: "
-    "app (in the application job, beside cleaning and device state) and apart (a job of "
-    "its own); a run with alerts apart is written to OUT/SCORER-alerts-apart/",
+    "app (in the application job, beside cleaning and device state), apart (a job of "
+    "its own) and realtime (the score rule in real-time mode, a job of its own: "
+    "kappaflow.iot.alerts:build_realtime); a run with alerts apart is written to "
+    "OUT/SCORER-alerts-apart/, with alerts realtime to OUT/SCORER-alerts-realtime/",
 )
 @click.option(
     "--out",
@@ -292,7 +294,7 @@ def iot_latency(
     with svc.embedded_services(ctx.settings, say):
         for scorer in chosen:
             for alerts in places:
-                label = scorer if alerts == "app" else f"{scorer}-alerts-apart"
+                label = scorer if alerts == "app" else f"{scorer}-alerts-{alerts}"
                 say(f"scorer {scorer}, alerts {alerts}")
                 results[scorer, alerts] = result = run(
                     ctx.settings,

@@ -64,6 +64,11 @@ def _importable_here() -> None:
 @_app_options
 @click.option("--pipeline", help="a built-in pipeline (count, clean) or a Pipeline object")
 @click.option("--no-wait", is_flag=True, help="return at once instead of when the job runs")
+@click.option(
+    "--real-time",
+    is_flag=True,
+    help="run the --app job in Spark's real-time mode: JVM operators only, outputs at least once",
+)
 @_from_savepoint("start from savepoint LABEL (a label or a savepoint's folder)")
 @pass_context
 def start(
@@ -73,6 +78,7 @@ def start(
     pipeline: str | None,
     params: tuple[str, ...],
     no_wait: bool,
+    real_time: bool,
     from_savepoint: str | None,
 ) -> None:
     """Start job NAME; a job started again resumes from its checkpoint, or from a
@@ -80,6 +86,10 @@ def start(
     if (app is None) == (pipeline is None):
         raise ConflictingOptionsError("give exactly one of --app and --pipeline")
     _importable_here()
+    if real_time and app is None:
+        raise ConflictingOptionsError("--real-time needs --app: a job on the job API")
+    if real_time and from_savepoint is not None:
+        raise ConflictingOptionsError("--real-time does not start from a savepoint")
     if from_savepoint is not None:
         if app is None:
             raise ConflictingOptionsError("--from-savepoint needs --app: a job on the job API")
@@ -94,6 +104,7 @@ def start(
         overrides=ctx.overrides,
         config_file=ctx.config_file,
         wait=not no_wait,
+        real_time=real_time,
     )
     say(f"job {name} {record.state} (pid {record.pid})")
 

@@ -202,6 +202,34 @@ def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Ite
         yield Alert(str(key[0]), str(key[1]), "no_data", "raised", reason, at, None, list(w.open))
 
 
+def build_realtime(job: kf.Job) -> None:
+    """The alert that latency matters for, in Spark's real-time mode: a reading scored at
+    or above ``ALERT_SCORE`` raises ``score`` the moment its score is in ``scores``, by a
+    declarative rule that runs in the JVM (no Python operator)::
+
+        kappaflow jobs start iot-alerts-rt --app kappaflow.iot.alerts:build_realtime \\
+            --real-time [-P source=scores] [-P dest=alerts]
+
+    Each such reading raises one (the rule keeps no state: ``anomaly``'s readings in a
+    row, ``no_data`` and ``rate`` stay with ``build``'s micro-batch job, where a few
+    seconds do not matter). At least once, keyed by ``[device, metric]``::
+
+        {"device": "dev-000042", "metric": "cpu_temp", "time": "2026-11-25T09:03:01.250Z",
+         "rule": "score", "field": "score", "value": 0.93, "op": ">=", "threshold": 0.5,
+         "status": "raised", "reason": "score 0.93 >= 0.5"}
+    """
+    scores = job.source(
+        job.param("source", SCORES_TOPIC),
+        Scored,
+        key=["device", "metric"],
+        time="time",
+        watermark="1m",
+    )
+    alerts = scores.alerts(score=("score", ">=", ALERT_SCORE))
+    # Named: a topic's name (``dest``) may hold dots, which an output's name may not.
+    alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)), kf.store(), name="alerts")
+
+
 def build(job: kf.Job) -> None:
     scores = job.source(
         job.param("source", SCORES_TOPIC),

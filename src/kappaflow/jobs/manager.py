@@ -79,6 +79,8 @@ class JobRecord:
     started_at: str | None = None
     ended_at: str | None = None
     error: str | None = None
+    #: Whether the job runs in Spark's real-time mode (``jobs start --real-time``).
+    real_time: bool = False
 
     @classmethod
     def load(cls, path: Path) -> JobRecord:
@@ -126,9 +128,15 @@ class JobManager:
         config_file: Path | None = None,
         wait: bool = True,
         timeout: float = START_TIMEOUT_S,
+        real_time: bool = False,
     ) -> JobRecord:
-        """Start the job's driver; with ``wait``, return once its queries run."""
-        load_pipeline(pipeline)  # an unknown pipeline fails here, not in the background
+        """Start the job's driver; with ``wait``, return once its queries run.
+        ``real_time``: a job on the job API, in Spark's real-time mode."""
+        # An unknown pipeline fails here, not in the background.
+        if real_time:
+            load_pipeline(pipeline, real_time=True)
+        else:
+            load_pipeline(pipeline)
         home = self.job_dir(name)
         process = self._process(name)
         if process.status().state is ProcState.RUNNING:
@@ -153,6 +161,7 @@ class JobManager:
             overrides=overrides or SettingsOverrides(),
             config_file=str(config_file.resolve()) if config_file else None,
             started_at=iso(datetime.now(UTC)),
+            real_time=real_time,
         )
         record.save(home / "job.json")
         argv = [sys.executable, "-m", "kappaflow.jobs.runner", f"--kappaflow-job={home}"]

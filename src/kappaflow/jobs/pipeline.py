@@ -101,16 +101,21 @@ def load_build(reference: str) -> Callable[..., None]:
     return build
 
 
-def load_pipeline(reference: str) -> Pipeline:
-    """The pipeline a reference names: a Pipeline, or a job's ``build`` function."""
+def load_pipeline(reference: str, *, real_time: bool = False) -> Pipeline:
+    """The pipeline a reference names: a Pipeline, or a job's ``build`` function
+    (``real_time``: run in Spark's real-time mode, for a ``build`` function only)."""
     found_object = load_object(reference)
-    if isinstance(found_object, Pipeline):
+    if isinstance(found_object, Pipeline) and not real_time:
         return found_object
     if _is_build(found_object):
         # A job written on the job API: its build(job) function.
-        from kappaflow.jobs.from_build import app_pipeline
+        from kappaflow.jobs.from_build import app_pipeline, real_time_pipeline
 
-        return app_pipeline(found_object)
+        return real_time_pipeline(found_object) if real_time else app_pipeline(found_object)
+    if real_time:
+        raise InvalidPipelineError(
+            f"{reference!r} is not a job's build function: --real-time runs jobs on the job API"
+        )
     raise InvalidPipelineError(
         f"pipeline {reference!r} is a {type(found_object).__name__}, not a job's build "
         "function or a kappaflow Pipeline"

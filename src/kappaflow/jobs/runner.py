@@ -29,7 +29,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import KappaflowError, UnknownPartError
-from kappaflow.jobs.contract import JobContext
+from kappaflow.jobs.contract import JobContext, Pipeline
 from kappaflow.jobs.files import write_atomically
 from kappaflow.jobs.manager import JobRecord, JobState
 from kappaflow.jobs.parts import PART_ARG, PartProcesses, write_part_state
@@ -101,7 +101,7 @@ def _run(record: JobRecord, record_path: Path, home: Path, stop: threading.Event
     from kappaflow.spark.environment import spark_environment
     from kappaflow.spark.session import build_session
 
-    pipeline = load_pipeline(record.pipeline)
+    pipeline = _pipeline(record)
     settings = _settings(record)
     spark = None
     start: Callable[[], list[Any]] = list
@@ -204,7 +204,7 @@ def _run_part(record: JobRecord, home: Path, part: str, stop: threading.Event) -
 
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     try:
-        pipeline = load_pipeline(record.pipeline)
+        pipeline = _pipeline(record)
         settings = _settings(record)
         spec = next((p for p in pipeline.parts(record.params, settings) if p.name == part), None)
         if spec is None:
@@ -292,6 +292,13 @@ def _batch_line(name: str, progress: Any) -> str:
     )
     rows = progress.numInputRows
     return f"progress {name} batch {progress.batchId}: {rows} rows; ms {durations}{operators}"
+
+
+def _pipeline(record: JobRecord) -> Pipeline:
+    """The job's pipeline, in real-time mode where it was started so."""
+    if record.real_time:
+        return load_pipeline(record.pipeline, real_time=True)
+    return load_pipeline(record.pipeline)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -305,6 +305,20 @@ class Stream:
             raise JoinSpecError(f"join with table {other.name!r}: within= is for two streams")
         return self._joined(join_table(self._side(), other, keys, how))
 
+    def alerts(self, **rules: tuple[str, str, float]) -> Stream:
+        """Alert records by declarative rules, ``name=(field, op, threshold)`` (op one
+        of ``> >= < <= == !=``): per record and rule that holds, a record with the
+        stream's key columns and event time, ``rule``, ``field``, ``value``, ``op``,
+        ``threshold``, ``status`` ("raised") and ``reason``. The rules run in Spark's
+        JVM, so a job of them runs in real-time mode (``jobs start --real-time``)."""
+        from kappaflow.streams.rules import alert_rows, parse_rules
+
+        columns = [c for c in self.df.columns if not c.startswith("_kf_")]
+        parsed = parse_rules(rules, columns)
+        time = [self.source.time] if self.source.time in columns else []
+        keep = [*dict.fromkeys([*self.source.keys, *time]), *BOOKKEEPING, *_VERDICT]
+        return self._derive(alert_rows(self._frame, parsed, keep))
+
     def transform(self, function: Callable[[DataFrame], DataFrame]) -> Stream:
         """``function`` applied to the DataFrame (which must keep the ``_kf_`` columns)."""
         return self.job.stream(function(self._frame), like=self)

@@ -269,11 +269,13 @@ def output_frame(
     dead_letters: bool,
     rejects: Sequence[DataFrame] = (),
     engine: str | None = None,
+    real_time: bool = False,
 ) -> tuple[DataFrame, bool]:
     """The rows of an output's query (OUTPUT_COLUMNS), with ``rejects``: records
     ``Stream.reject`` refused, as dead letters; and whether they hold a Python window
     operator's packed rows, which the writer unpacks. ``engine``: the window operator's
-    (python or jvm; None: the session's)."""
+    (python or jvm; None: the session's). ``real_time``: for Spark's real-time mode, the
+    Java window operator on the executors' clock (windowing.aggregate_windows)."""
     stream = output.stream
     packed = False
     source = stream.source
@@ -306,6 +308,7 @@ def output_frame(
                 id_column=source.id,
                 dead_letters=carried,
                 engine=engine,
+                real_time=real_time,
             )
         if "rows" in rows.columns:
             # The Python operators' rows come packed; the engine's Java operator's do not.

@@ -119,6 +119,7 @@ def aggregate_windows(
     id_column: str | None,
     dead_letters: bool = False,
     engine: str | None = None,
+    real_time: bool = False,
 ) -> DataFrame:
     """The changes, late events and statistics of ``aggregates`` per key and window
     (OUTPUT_SCHEMA rows, packed: a ``rows`` column of Arrow IPC bytes per group and call,
@@ -132,8 +133,17 @@ def aggregate_windows(
 
     ``engine``: ``python`` folds in Python workers and returns the rows packed; ``jvm``
     runs the engine's Java operator and returns them unpacked (default: the session's
-    ``spark.kappaflow.windows.engine``, else ``jvm``)."""
+    ``spark.kappaflow.windows.engine``, else ``jvm``).
+
+    ``real_time``: for a query in Spark's real-time mode, the Java operator on the
+    executors' clock (``Windows.aggregateRealTime``): a window is final once the clock is
+    ``watermark_ms`` past its end, closed ``lateness_ms`` after that; no statistics rows."""
     step = _check_windows(size_ms, slide_ms, watermark_ms, lateness_ms)
+    if real_time:
+        # Spark's watermark moves only between real-time batches: the operator keeps its own.
+        engine, clock_delay_ms, watermark_ms = "jvm", watermark_ms or 0, None
+    else:
+        clock_delay_ms = None
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
     newest = F.floor(F.col("_kf_time") / step) * step
@@ -168,7 +178,14 @@ def aggregate_windows(
     )
     if (engine or spark_engine(events)) == "jvm":
         return jvm_operator(
-            "Windows", selected, names, bound, size_ms, lateness_ms, id_column is not None
+            "Windows",
+            selected,
+            names,
+            bound,
+            size_ms,
+            lateness_ms,
+            id_column is not None,
+            clock_delay_ms=clock_delay_ms,
         )
     # The folded rows reach the state packed per group: through pandas as they are.
     folded = selected.mapInArrow(Folder(bound), ddl(PACKED_GROUP))
@@ -204,10 +221,13 @@ def jvm_operator(
     size_ms: int,
     lateness_ms: int,
     dedup: bool,
+    *,
+    clock_delay_ms: int | None = None,
 ) -> DataFrame:
     """The engine's window operator ``operator`` (io.kappaflow.engine.Windows: one row per
     event and window; Sessions: one per event, with the session gap as ``size_ms``) over
-    ``selected``. Its rows are OUTPUT_SCHEMA's, unpacked."""
+    ``selected``. Its rows are OUTPUT_SCHEMA's, unpacked. ``clock_delay_ms``: Windows in
+    real-time mode, its watermark that far behind the executors' clock."""
     spec = json.dumps(
         [
             {**described, "input": selected.columns.index(input_name(i)) if agg.column else -1}
@@ -218,7 +238,12 @@ def jvm_operator(
     )
     spark = selected.sparkSession
     jvm_class = getattr(jvm_engine(spark), operator)
-    jdf = jvm_class.aggregate(selected._jdf, spec, size_ms, lateness_ms, dedup)
+    if clock_delay_ms is not None:
+        jdf = jvm_class.aggregateRealTime(
+            selected._jdf, spec, size_ms, lateness_ms, clock_delay_ms, dedup
+        )
+    else:
+        jdf = jvm_class.aggregate(selected._jdf, spec, size_ms, lateness_ms, dedup)
     return ClassicDataFrame(jdf, spark)
 
 

@@ -163,10 +163,14 @@ class KafkaPublisher:
         return int(done["records"])
 
     def _java_config(self) -> dict[str, str]:
+        return self.java_config(self.settings)
+
+    @staticmethod
+    def java_config(settings: Settings) -> dict[str, str]:
         """The Java client's properties for this cluster: the settings the Python
         clients use (bootstrap, security), in the Java client's names."""
         prefix = "kafka."
-        options = self.settings.kafka.spark_kafka_options()
+        options = settings.kafka.spark_kafka_options()
         return {k.removeprefix(prefix): v for k, v in options.items()}
 
     def _marker_ends(self) -> dict[str, int]:
@@ -377,6 +381,10 @@ class RedisStore:
         opened = json.dumps({str(w): n for w, n in account.held.items() if n})
         stats, watermark = prefix + "stats", account.watermark
         self._stats(args=[stats, batch_id, watermark, prefix + "open", opened, *pairs])
+
+    def address(self) -> tuple[str, str | None, str | None]:
+        """The URL, user and password the tasks' clients reach Redis with."""
+        return self._address()
 
     def _address(self) -> tuple[str, str | None, str | None]:
         """The URL, user and password the driver's client reaches Redis with, for the

@@ -133,6 +133,22 @@ def changelog(
     changes = frame.where(F.col("kind").isin(*CHANGES)).sortWithinPartitions(
         "key", "window_start", "version"
     )
+    record_key, value = changelog_key_value(frame, names, batch_id)
+    return changes.select(
+        F.explode(F.array(*[F.lit(t) for t in topics])).alias("topic"),
+        record_key.cast("binary").alias("key"),
+        value.cast("binary").alias("value"),
+        F.col("key").alias("_o1"),
+        F.col("window_start").alias("_o2"),
+        F.col("version").alias("_o3"),
+    )
+
+
+def changelog_key_value(
+    frame: DataFrame, names: Sequence[str], batch_id: int | None
+) -> tuple[Column, Column]:
+    """A change's changelog record key and value, as text (``batch`` null for None: in
+    real-time mode)."""
     key = F.col("key")
     if len(names) == 1:
         # ``["x"]`` → ``"x"``: the array's one element, as it is.
@@ -151,21 +167,13 @@ def changelog(
             ("kind", F.concat(F.lit('"'), F.col("kind"), F.lit('"'))),
             ("version", F.col("version").cast("string")),
             ("watermark", F.when(watermark > 0, iso_text(watermark)).otherwise(F.lit("null"))),
-            ("batch", F.lit(str(batch_id))),
+            ("batch", F.lit("null" if batch_id is None else str(batch_id))),
         ]
     )
     parts: list[Column] = [F.lit("[")]
     for item in items:
         parts += [item, F.lit(", ")]
-    record_key = F.concat(*parts, start.cast("string"), F.lit("]"))
-    return changes.select(
-        F.explode(F.array(*[F.lit(t) for t in topics])).alias("topic"),
-        record_key.cast("binary").alias("key"),
-        value.cast("binary").alias("value"),
-        key.alias("_o1"),
-        start.alias("_o2"),
-        F.col("version").alias("_o3"),
-    )
+    return F.concat(*parts, start.cast("string"), F.lit("]")), value
 
 
 def stream_records(frame: DataFrame, topics: Sequence[str], keys: Sequence[str]) -> DataFrame:
@@ -187,8 +195,21 @@ def dead_letters(
     frame: DataFrame, topic: str, *, job: str, schema: str, source_topic: str
 ) -> DataFrame:
     """The batch's records that did not parse, with their bytes in base64."""
+    body = dead_letter_value(frame, job=job, schema=schema, source_topic=source_topic)
+    return frame.where(F.col("kind") == DEAD).select(
+        F.lit(topic).alias("topic"),
+        F.lit(None).cast("binary").alias("key"),
+        body.cast("binary").alias("value"),
+        F.lit(None).cast("string").alias("_o1"),
+        F.monotonically_increasing_id().alias("_o2"),
+        F.lit(0).cast("bigint").alias("_o3"),
+    )
+
+
+def dead_letter_value(frame: DataFrame, *, job: str, schema: str, source_topic: str) -> Column:
+    """A dead letter's record value, as text."""
     value = F.col("value")
-    body = _object(
+    return _object(
         [
             ("error", _java(frame, "quote", _jc(F.col("reason")))),
             ("schema", F.lit(json.dumps(schema))),
@@ -207,14 +228,6 @@ def dead_letters(
                 ).otherwise(F.lit("null")),
             ),
         ]
-    )
-    return frame.where(F.col("kind") == DEAD).select(
-        F.lit(topic).alias("topic"),
-        F.lit(None).cast("binary").alias("key"),
-        body.cast("binary").alias("value"),
-        F.lit(None).cast("string").alias("_o1"),
-        F.monotonically_increasing_id().alias("_o2"),
-        F.lit(0).cast("bigint").alias("_o3"),
     )
 
 
@@ -314,6 +327,16 @@ def store_windows(frame: DataFrame) -> DataFrame:
     changes = frame.where(F.col("kind").isin(*CHANGES)).sortWithinPartitions(
         "key", "window_start", "version"
     )
+    return changes.select(
+        F.lit("w").alias("target"),
+        F.col("key"),
+        F.col("window_start").cast("string").alias("field"),
+        window_held(),
+    )
+
+
+def window_held() -> Column:
+    """What the serving store holds for a change's window (``value``), as text."""
     kind, end = F.col("kind"), F.col("window_end")
     final = (kind == "final") | ((kind == "correction") & (end <= F.col("watermark")))
     held = F.concat(
@@ -327,12 +350,7 @@ def store_windows(frame: DataFrame) -> DataFrame:
         F.when(final, F.lit("true")).otherwise(F.lit("false")),
         F.lit("}"),
     )
-    return changes.select(
-        F.lit("w").alias("target"),
-        F.col("key"),
-        F.col("window_start").cast("string").alias("field"),
-        F.when(F.col("values").isNull(), F.lit("")).otherwise(held).alias("value"),
-    )
+    return F.when(F.col("values").isNull(), F.lit("")).otherwise(held).alias("value")
 
 
 def store_latest(frame: DataFrame, keys: Sequence[str]) -> DataFrame:

@@ -86,9 +86,41 @@ public final class Windows {
                 r -> new Tuple2<>(r.getLong(0), r.getInt(1)),
             Encoders.tuple(Encoders.LONG(), Encoders.INT()))
         .transformWithState(
-            new Processor(parsed, sizeMs, latenessMs, dedup, events.isStreaming()),
+            new Processor(parsed, sizeMs, latenessMs, dedup, events.isStreaming(), -1L),
             // A batch query has no watermark, so no event time: its windows stay open.
             events.isStreaming() ? TimeMode.EventTime() : TimeMode.None(),
+            OutputMode.Update(),
+            Encoders.row(OUTPUT));
+  }
+
+  /**
+   * {@link #aggregate} for a query in real-time mode, where the event-time watermark moves only
+   * between batches of minutes: the operator keeps a watermark of its own on the executor's
+   * clock, {@code now - delayMs}, and its timers are processing-time ones, so that a window
+   * becomes {@code final} once the clock is {@code delayMs} past its end and is forgotten
+   * {@code latenessMs} after that, while the batch runs. {@code events} carry no watermark.
+   * Events are taken as live: one whose window the clock has closed is {@code late}. No
+   * {@code stats} rows (there would be one per event).
+   */
+  public static Dataset<Row> aggregateRealTime(
+      Dataset<Row> events,
+      String aggregates,
+      long sizeMs,
+      long latenessMs,
+      long delayMs,
+      boolean dedup) {
+    if (delayMs < 0) {
+      throw new IllegalArgumentException("the delay must not be negative: " + delayMs);
+    }
+    Aggregates parsed = Aggregates.parse(aggregates);
+    return events
+        .groupByKey(
+            (MapFunction<Row, Tuple2<Long, Integer>>)
+                r -> new Tuple2<>(r.getLong(0), r.getInt(1)),
+            Encoders.tuple(Encoders.LONG(), Encoders.INT()))
+        .transformWithState(
+            new Processor(parsed, sizeMs, latenessMs, dedup, true, delayMs),
+            TimeMode.ProcessingTime(),
             OutputMode.Update(),
             Encoders.row(OUTPUT));
   }
@@ -128,6 +160,13 @@ public final class Windows {
     private final boolean dedup;
     /** Whether the query has event time (a stream's): a batch query's registers no timer. */
     private final boolean eventTime;
+    /**
+     * In real-time mode, how far the operator's watermark trails the executor's clock (its
+     * timers are then processing-time ones, at a window's end plus this); -1 in micro-batches.
+     */
+    private final long clockDelayMs;
+    /** The highest clock watermark this task has used: it never goes back. */
+    private transient long clockWatermark = Long.MIN_VALUE;
     private transient MapState<String, byte[]> keys;
     private transient MapState<Long, Boolean> ids;
     /** How many keys the window holds; there is a state for the window when it is set. */
@@ -135,12 +174,40 @@ public final class Windows {
     private transient ValueState<Boolean> finalized;
 
     Processor(
-        Aggregates aggregates, long sizeMs, long latenessMs, boolean dedup, boolean eventTime) {
+        Aggregates aggregates,
+        long sizeMs,
+        long latenessMs,
+        boolean dedup,
+        boolean eventTime,
+        long clockDelayMs) {
       this.aggregates = aggregates;
       this.sizeMs = sizeMs;
       this.latenessMs = latenessMs;
       this.dedup = dedup;
       this.eventTime = eventTime;
+      this.clockDelayMs = clockDelayMs;
+    }
+
+    private boolean realTime() {
+      return clockDelayMs >= 0;
+    }
+
+    /**
+     * The watermark the operator works with: Spark's (event time), or in real-time mode the
+     * executor's clock less the delay, which moves with every row and timer check.
+     */
+    private long watermark(TimerValues timers) {
+      if (!realTime()) {
+        return timers.getCurrentWatermarkInMs();
+      }
+      clockWatermark =
+          Math.max(clockWatermark, timers.getCurrentProcessingTimeInMs() - clockDelayMs);
+      return clockWatermark;
+    }
+
+    /** A timer for when the watermark reaches {@code at}: on the clock in real-time mode. */
+    private void timerAt(long at) {
+      getHandle().registerTimer(realTime() ? at + clockDelayMs : at);
     }
 
     @Override
@@ -154,7 +221,7 @@ public final class Windows {
     @Override
     public scala.collection.Iterator<Row> handleInputRows(
         Tuple2<Long, Integer> group, scala.collection.Iterator<Row> rows, TimerValues timers) {
-      long watermark = timers.getCurrentWatermarkInMs();
+      long watermark = watermark(timers);
       long start = group._1();
       List<Row> out = new ArrayList<>();
       if (start == DEAD_WINDOW) {
@@ -200,10 +267,10 @@ public final class Windows {
       if (!stored && eventTime) {
         // A new window: its timers, once.
         if (end > watermark) {
-          getHandle().registerTimer(end);
+          timerAt(end);
         }
         if (latenessMs > 0 || end <= watermark) {
-          getHandle().registerTimer(end + latenessMs);
+          timerAt(end + latenessMs);
         }
       }
       boolean dirty = !stored;
@@ -270,7 +337,9 @@ public final class Windows {
         held.update(keysNow);
         finalized.update(isFinal);
       }
-      out.add(0, stats(start, end, watermark, counted, duplicates, keysNow - keysBefore));
+      if (!realTime()) {
+        out.add(0, stats(start, end, watermark, counted, duplicates, keysNow - keysBefore));
+      }
       return iterator(out);
     }
 
@@ -296,8 +365,10 @@ public final class Windows {
         Tuple2<Long, Integer> group, TimerValues timers, ExpiredTimerInfo expired) {
       long start = group._1();
       long end = start + sizeMs;
-      long expiry = expired.getExpiryTimeInMs();
-      long watermark = timers.getCurrentWatermarkInMs();
+      // The watermark the timer was set for (a real-time timer is on the clock, later by the
+      // delay).
+      long expiry = expired.getExpiryTimeInMs() - (realTime() ? clockDelayMs : 0L);
+      long watermark = Math.max(watermark(timers), realTime() ? expiry : Long.MIN_VALUE);
       List<Row> out = new ArrayList<>();
       if (!held.exists()) {
         return iterator(out);

@@ -173,6 +173,16 @@ def test_a_python_operator_is_refused_in_real_time_mode_by_name(
     assert named in str(refused.value)
 
 
+def test_a_table_written_in_micro_batches_only_is_refused_in_real_time_mode(
+    spark: SparkSession, kafka: Settings
+) -> None:
+    job = declare(realtime_jobs.with_postgres, "rt-pg", {"topic": "t"}, spark, KafkaReader(kafka))
+    with pytest.raises(RealTimeModeError) as refused:
+        refuse_python(job)
+    assert refused.value.code == "KF736"
+    assert "PostgreSQL table 'device_stats'" in str(refused.value)
+
+
 def test_a_declarative_windowed_job_is_not_refused(spark: SparkSession, kafka: Settings) -> None:
     job = declare(realtime_jobs.windows, "rt-ok", {"topic": "t"}, spark, KafkaReader(kafka))
     refuse_python(job)

@@ -26,6 +26,13 @@ def windows(job: kf.Job) -> None:
     ).to(kf.topic(), kf.store())
 
 
+def with_postgres(job: kf.Job) -> None:
+    readings = job.source(job.param("topic"), Reading, key="device", watermark="1s")
+    readings.window(tumbling="2s").aggregate("stats", by="device", n=kf.count()).to(
+        kf.postgres("device_stats", dsn="postgresql://kappaflow@127.0.0.1:1/none")
+    )
+
+
 def with_udf(job: kf.Job) -> None:
     doubled = F.udf(lambda v: v * 2, DoubleType())
     readings = job.source(job.param("topic"), Reading, key="device")

@@ -43,7 +43,7 @@ from kappaflow.streams.output.task_records import (
     window_held,
 )
 from kappaflow.streams.runtime import _dead_letters, _shaped, output_frame
-from kappaflow.streams.sinks import KafkaSink, ParquetSink, RedisSink
+from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Store:
 
 def refuse_python(job: Job) -> None:
     """KF736 for the first output that real-time mode cannot run, naming what is in the
-    way: a Python operator, a session window, a join or a lake table."""
+    way: a Python operator, a session window, a join, a lake table or a PostgreSQL table."""
     for output in job.outputs:
         where = f"job {job.name!r}, output {output.name!r}"
         stream = output.stream
@@ -86,6 +86,12 @@ def refuse_python(job: Job) -> None:
             raise RealTimeModeError(
                 f"{where}: the lake table {lakes[0]!r} is written in micro-batches only: "
                 "write it from a job without --real-time"
+            )
+        tables = [s.table for s in output.sinks if isinstance(s, PostgresSink)]
+        if tables:
+            raise RealTimeModeError(
+                f"{where}: the PostgreSQL table {tables[0]!r} is written in micro-batches "
+                "only: write it from a job without --real-time"
             )
         found = python_operator(stream.df)
         if found is not None:

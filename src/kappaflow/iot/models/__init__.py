@@ -26,7 +26,7 @@ from kappaflow.iot.models.forecast import FORECAST
 from kappaflow.iot.models.hst import HST
 from kappaflow.iot.models.likelihood import LIKELIHOOD
 from kappaflow.iot.models.robust import ROBUST
-from kappaflow.iot.models.scoring import ALERT_SCORE, Scorer
+from kappaflow.iot.models.scoring import ALERT_SCORE, Explanation, Scorer
 
 MODELS: dict[str, Model] = {m.name: m for m in (ROBUST, FORECAST, HST, LIKELIHOOD)}
 #: The model the application trains and scores with unless told (``-P model=...``): the
@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "EVALUATE_MODEL",
     "MODELS",
+    "Explanation",
     "Model",
     "Params",
     "Scorer",

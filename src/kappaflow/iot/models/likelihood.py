@@ -71,17 +71,30 @@ def median_spread(window: Sequence[float]) -> tuple[float, float]:
     return middle, deviations[len(deviations) // 2] * _MAD_TO_SD
 
 
+def window_centre(
+    window: Sequence[float], span: float, usual: float = 0.0
+) -> tuple[float, float] | None:
+    """The median of ``window`` and its (scaled) median absolute deviation, taken to be no
+    less than ``FLOOR`` of ``span`` nor ``USUAL`` of the ``usual`` deviation (a window gone
+    flat does not make the next move a thousand-sigma event); None while the window holds
+    fewer than ``LEAST`` readings."""
+    if len(window) < LEAST:
+        return None
+    middle, spread = median_spread(window)
+    return middle, max(spread, FLOOR * span, USUAL * usual, _TINY)
+
+
 def window_surprise(
     window: Sequence[float], value: float, span: float, usual: float = 0.0
 ) -> float:
-    """``value``'s distance from the median of ``window`` in its (scaled) median absolute
-    deviations, which are taken to be no less than ``FLOOR`` of ``span`` nor ``USUAL`` of
-    the ``usual`` deviation (a window gone flat does not make the next move a
-    thousand-sigma event); 0 while the window holds fewer than ``LEAST`` readings."""
-    if len(window) < LEAST:
+    """``value``'s distance from the median of ``window`` in its (scaled, floored) median
+    absolute deviations (``window_centre``); 0 while the window holds fewer than ``LEAST``
+    readings."""
+    centre = window_centre(window, span, usual)
+    if centre is None:
         return 0.0
-    middle, spread = median_spread(window)
-    return abs(value - middle) / max(spread, FLOOR * span, USUAL * usual, _TINY)
+    middle, unit = centre
+    return abs(value - middle) / unit
 
 
 def spike_surprise(window: Sequence[float], value: float, span: float, usual: float = 0.0) -> float:
@@ -188,6 +201,11 @@ def _raw(params: Params, history: Sequence[float], value: float) -> float:
     return window_surprise(history, value, span, float(params["usual"]))
 
 
+def _expected(params: Params, history: Sequence[float]) -> tuple[float, float] | None:
+    span = max(float(params["high"]) - float(params["low"]), 0.0)
+    return window_centre(history, span, float(params["usual"]))
+
+
 def _spike_tail(params: Params, history: Sequence[float], value: float) -> float:
     """How often the trainer saw a spike as large as the one ``value`` ends, if any."""
     span = max(float(params["high"]) - float(params["low"]), 0.0)
@@ -213,4 +231,5 @@ LIKELIHOOD = Model(
     smooth=SMOOTH,
     guards=True,
     extra_tail=_spike_tail,
+    expected=_expected,
 )

@@ -3,17 +3,22 @@ likelihood; an anomaly alert carries them with the model that raised it."""
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import RunCli
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
-from kappaflow.iot import alerts
-from kappaflow.iot.evaluation import rounds
+from kappaflow.iot import alerts, nab, plots
+from kappaflow.iot.evaluation import read_series, rounds
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
-from test_iot_alerts import scored
+from test_iot_alerts import START, scored
 from test_iot_models import _daily
 
 #: A reading: its value, score, expected range and likelihood.
@@ -163,3 +168,41 @@ def test_an_alert_is_explained_in_a_few_words() -> None:
     assert alerts.explanation({"value": 2.0, "likelihood": 1.0}) == "2 seen (never seen)"
     assert alerts.explanation({"rule": "no_data", "value": None}) == ""
 
+
+def test_evaluate_plots_each_series_with_its_windows_alarms_and_scores(
+    cli: RunCli, tmp_path: Path
+) -> None:
+    values = _daily(1200, seed=9)
+    labels = [0] * 1200
+    for row in (500, 900):
+        values[row] += 30.0
+        labels[row] = 1
+    moments = [START + timedelta(minutes=m) for m in range(1200)]
+    folder = tmp_path / "in" / "plant"
+    folder.mkdir(parents=True)
+    with (folder / "temp.csv").open("w") as out:
+        out.write("timestamp,value,is_anomaly\n")
+        for moment, value, label in zip(moments, values, labels, strict=True):
+            out.write(f"{moment:%Y-%m-%d %H:%M:%S},{value!r},{label}\n")
+    result = cli(
+        "iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"),
+        "--path", "local", "--plot",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["plots"] == 1
+    picture = (tmp_path / "out" / "plant" / "temp.png").read_bytes()
+    assert picture.startswith(b"\x89PNG\r\n\x1a\n") and len(picture) > 20_000
+    # What the picture holds: the two windows, the alarms at the alert score, the scores.
+    with (tmp_path / "out" / "plant" / "temp.csv").open() as scored:
+        scores = [float(row["anomaly_score"]) for row in csv.DictReader(scored)]
+    series = read_series(folder / "temp.csv")
+    figure = plots.series_figure("temp", series, scores, ALERT_SCORE)
+    top, bottom = figure.axes
+    windows = [p for p in top.patches if p.get_gid() == "window"]
+    assert len(windows) == len(nab.windows(series.labels or [])) == 2
+    alarms = next(line for line in top.lines if line.get_gid() == "alarms")
+    rows = plots.alarm_rows(scores, ALERT_SCORE)
+    assert 500 in rows and 900 in rows
+    assert np.asarray(alarms.get_ydata()).tolist() == [values[r] for r in rows]
+    drawn = next(line for line in bottom.lines if line.get_gid() == "scores")
+    assert np.asarray(drawn.get_ydata()).tolist() == scores

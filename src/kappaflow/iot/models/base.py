@@ -165,7 +165,8 @@ class Model:
     #: Where the model expected the next reading, given the parameters and the readings
     #: before it: ``(centre, unit)`` such that ``raw`` is the distance from ``centre`` in
     #: ``unit`` (None: the family has no such centre, as ``hst``; or none yet). The scorer
-    #: turns it into the expected range of an alert's explanation (``Scorer.explain``).
+    #: takes the raw surprise from it where given (once a reading, not twice), and turns
+    #: it into the expected range of an alert's explanation (``Scorer.explain``).
     expected: Callable[[Params, Sequence[float]], tuple[float, float] | None] | None = None
 
 

@@ -190,7 +190,14 @@ class Scorer:
             else:
                 remembered = self.model.remember(params, self._history, value)
                 self._clipped = self._clipped + 1 if remembered != value else 0
-            raw = self.model.raw(params, self._history, value)
+            # A family with a centre has its raw surprise from it: the distance from the
+            # centre in its unit (as ``raw`` computes it), found once for the explanation too.
+            centre = None
+            if self.model.expected is not None:
+                centre = self.model.expected(params, self._history)
+                raw = 0.0 if centre is None else abs(value - centre[0]) / centre[1]
+            else:
+                raw = self.model.raw(params, self._history, value)
             self._surprise = raw
             self._raw.append(raw)
             tail = tail_probability(params, sum(self._raw) / len(self._raw))
@@ -198,8 +205,8 @@ class Scorer:
                 tail = min(tail, self.model.extra_tail(params, self._history, value))
             tail = max(tail, _MIN_TAIL)
             self._likelihood = 1.0 - tail
-            if self.model.expected is not None:
-                self._band = self._expected_band(params)
+            if centre is not None:
+                self._band = self._expected_band(params, centre)
             score = min(1.0, max(0.0, -math.log10(tail) / _LOG_CAP))
             if (
                 not self.model.guards
@@ -211,15 +218,11 @@ class Scorer:
         finally:
             self._history.append(remembered)
 
-    def _expected_band(self, params: Params) -> tuple[float, float] | None:
+    def _expected_band(self, params: Params, centre: tuple[float, float]) -> tuple[float, float]:
         """The values the reading could have had without its level surprise reaching the
         alert score (given the raw surprises before it that the score averages): the
         model's centre plus or minus that many of its units. A spike, a new extreme or a
         flat line may raise a reading within it all the same."""
-        assert self.model.expected is not None
-        centre = self.model.expected(params, self._history)
-        if centre is None:
-            return None
         middle, unit = centre
         most = alert_surprise(params) * len(self._raw) - (sum(self._raw) - self._raw[-1])
         reach = max(most, 0.0) * unit

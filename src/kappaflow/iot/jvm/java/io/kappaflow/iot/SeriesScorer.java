@@ -199,7 +199,10 @@ public final class SeriesScorer {
         remembered = family.remember(params, history, value);
         clipped = remembered != value ? clipped + 1 : 0;
       }
-      surprise = family.raw(params, history, value);
+      // The raw surprise is the distance from the family's centre in its unit: found once,
+      // for the explanation too.
+      double[] centre = family.expected(params, history);
+      surprise = centre == null ? 0.0 : Math.abs(value - centre[0]) / centre[1];
       push(raw, surprise, smooth);
       double sum = 0.0;
       for (double r : raw) {
@@ -211,7 +214,6 @@ public final class SeriesScorer {
       }
       tail = Math.max(tail, MIN_TAIL);
       likelihood = 1.0 - tail;
-      double[] centre = family.expected(params, history);
       if (centre != null) {
         double most = alertSurprise(params) * raw.size() - (sum - surprise);
         double reach = Math.max(most, 0.0) * centre[1];
@@ -302,14 +304,12 @@ public final class SeriesScorer {
     }
   }
 
-  /** A model family: how many readings it keeps, its raw surprise, what it remembers. */
+  /**
+   * A model family: how many readings it keeps, where it expects a reading (its raw surprise
+   * is the distance from there in its unit), what it remembers.
+   */
   public enum Family {
     ROBUST(0, 1, false) {
-      @Override
-      double raw(Params p, ArrayDeque<Double> history, double value) {
-        return Math.abs(value - p.level) / Math.max(p.spread, TINY);
-      }
-
       @Override
       double[] expected(Params p, ArrayDeque<Double> history) {
         return new double[] {p.level, Math.max(p.spread, TINY)};
@@ -321,11 +321,6 @@ public final class SeriesScorer {
       }
     },
     FORECAST(LAGS, 1, false) {
-      @Override
-      double raw(Params p, ArrayDeque<Double> history, double value) {
-        return Math.abs(value - forecast(p, history)) / Math.max(p.errorSpread, TINY);
-      }
-
       @Override
       double[] expected(Params p, ArrayDeque<Double> history) {
         return new double[] {forecast(p, history), Math.max(p.errorSpread, TINY)};
@@ -339,11 +334,6 @@ public final class SeriesScorer {
       }
     },
     LIKELIHOOD(WINDOW, 2, true) {
-      @Override
-      double raw(Params p, ArrayDeque<Double> history, double value) {
-        return windowSurprise(history, value, Math.max(p.high - p.low, 0.0), p.usual);
-      }
-
       @Override
       double[] expected(Params p, ArrayDeque<Double> history) {
         return windowCentre(history, Math.max(p.high - p.low, 0.0), p.usual);
@@ -412,20 +402,6 @@ public final class SeriesScorer {
     }
 
     /**
-     * The distance of {@code value} from the median of {@code window} in its scaled median
-     * absolute deviations, taken to be no less than FLOOR of {@code span} nor USUAL of the
-     * {@code usual} deviation.
-     */
-    static double windowSurprise(
-        ArrayDeque<Double> window, double value, double span, double usual) {
-      double[] centre = windowCentre(window, span, usual);
-      if (centre == null) {
-        return 0.0;
-      }
-      return Math.abs(value - centre[0]) / centre[1];
-    }
-
-    /**
      * The median of {@code window} and its scaled median absolute deviation, taken to be no
      * less than FLOOR of {@code span} nor USUAL of the {@code usual} deviation; null while the
      * window holds fewer than LEAST readings.
@@ -453,8 +429,6 @@ public final class SeriesScorer {
         middle, Math.max(Math.max(spread, FLOOR * span), Math.max(USUAL * usual, WINDOW_TINY))
       };
     }
-
-    abstract double raw(Params p, ArrayDeque<Double> history, double value);
 
     /** {centre, unit} such that raw is the distance from centre in units; null for none. */
     abstract double[] expected(Params p, ArrayDeque<Double> history);

@@ -30,6 +30,7 @@ from service import WATERMARK, WINDOW_MS, Served, expected_windows, serve
 
 from kappaflow.api.auth import COOKIE, Role, TokenStore, tokens_path
 from kappaflow.install.browser import INSTALL_HINT, find_chromium
+from kappaflow.kafka.topics import create_topic
 from kappaflow.timeutil import from_epoch_ms, iso
 
 CHROMIUM_ARGS = [
@@ -302,3 +303,67 @@ def test_a_service_with_tokens_asks_for_one_and_signs_in_with_a_cookie(
         )
         page.locator("[data-testid=sign-out]").click()
         expect(form).to_be_visible(timeout=UI_MS)
+
+
+def test_a_device_metric_is_plotted_with_its_expected_range_and_explained_alerts(
+    page: Page, site: str, served: Served, shots: Path
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    scores, alerts = f"scores-{suffix}", f"alerts-{suffix}"
+    for topic in (scores, alerts):
+        create_topic(served.settings.kafka, topic, partitions=2)
+    start = datetime.now(UTC) - timedelta(minutes=30)
+
+    def score(device: str, minute: int, value: float) -> dict[str, Any]:
+        return {
+            "device": device,
+            "metric": "cpu_temp",
+            "value": value,
+            "time": iso(start + timedelta(minutes=minute)),
+            "score": 0.9 if value > 60 else 0.05,
+            "model": "likelihood",
+            "expected_low": 48.0 + minute / 10,
+            "expected_high": 52.0 + minute / 10,
+            "likelihood": 0.5,
+        }
+
+    ours = [score("d1", m, 71.0 if m == 20 else 50.0 + m / 10) for m in range(40)]
+    send_json(served.settings, scores, [*ours, score("d2", 5, 99.0)], key="device")
+    raised = {
+        "device": "d1",
+        "metric": "cpu_temp",
+        "rule": "anomaly",
+        "status": "raised",
+        "reason": "scored 0.9 >= 0.5: 71 where 50 to 54 was expected",
+        "time": ours[20]["time"],
+        "score": 0.9,
+        "open": ["anomaly"],
+        "model": "likelihood",
+        "value": 71.0,
+        "expected_low": 50.0,
+        "expected_high": 54.0,
+        "likelihood": 1.0 - 1e-9,
+    }
+    other = {**raised, "device": "d2", "time": ours[5]["time"], "value": 99.0}
+    send_json(served.settings, alerts, [raised, other], key="device")
+    page.goto(f"{site}/dashboard/#device=d1&metric=cpu_temp&scores={scores}&alerts={alerts}")
+    values = page.locator("[data-testid=device-values]")
+    # d1's forty readings (d2's are not drawn), the band they were expected in, the alert.
+    expect(values).to_have_attribute("data-count", "40", timeout=LIVE_MS)
+    expect(page.locator("[data-testid=device-band]")).to_have_count(1)
+    marks = page.locator("[data-testid=device-alert-mark]")
+    expect(marks).to_have_count(1)
+    expect(marks.locator("title")).to_contain_text("71 seen, 50 to 54 expected")
+    rows = page.locator("[data-testid=device-alerts] tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("71 seen, 50 to 54 expected (likelihood; 1 in 1e+09)")
+    # The band is drawn where the readings were expected: the mark of the reading seen at
+    # 71 is above it; the polyline's points lie inside it but for that one.
+    band_box = page.locator("[data-testid=device-band]").bounding_box()
+    mark_box = marks.bounding_box()
+    assert band_box is not None and mark_box is not None
+    assert mark_box["y"] + mark_box["height"] / 2 < band_box["y"]
+    keep_screenshot(page, shots, "device")
+    # New readings come into the picture without a reload.
+    send_json(served.settings, scores, [score("d1", m, 50.0) for m in range(40, 45)], key="device")
+    expect(values).to_have_attribute("data-count", "45", timeout=LIVE_MS)

@@ -133,3 +133,41 @@ def test_the_jvm_scorer_scores_the_likelihood_family_with_its_guards_as_python_d
     alarms = [row for row, score in enumerate(ours) if score >= ALERT_SCORE]
     later = [row for row in alarms if row >= 900]
     assert later[:3] == [1000, 1501, 2010] and len(later) == 4 and 2500 <= later[3] < 2530
+
+
+@pytest.mark.parametrize("name", ["likelihood", "forecast", "robust"])
+def test_the_jvm_scorer_explains_each_reading_as_the_python_scorer(
+    spark: SparkSession, kafka: Settings, name: str
+) -> None:
+    """The range each model expected a reading in, and its likelihood, are the same on
+    the JVM (the real-time scorer writes them in every score, as the micro-batch scorer
+    does)."""
+    if scorer_jar(kafka) is None:
+        pytest.fail("setup built no kappaflow-iot.jar (javac missing?): run `make setup`")
+    jvm: Any = spark.sparkContext._jvm
+    model = MODELS[name]
+    values = _series()
+    trainer, python = model.trainer(), Scorer(model)
+    jvm_scorer = jvm.io.kappaflow.iot.SeriesScorer.restore(name, "")
+    params: dict[str, Any] | None = None
+    ours: list[tuple[float | None, ...]] = []
+    theirs: list[tuple[float | None, ...]] = []
+    for rows in rounds(len(values), 64):
+        given = jvm.io.kappaflow.iot.Params.parse(json.dumps(params)) if params else None
+        for value in values[rows.start : rows.stop]:
+            python.score(value, params)
+            jvm_scorer.score(value, given)
+            why = python.explain()
+            ours.append((why.expected_low, why.expected_high, why.likelihood))
+            theirs.append(
+                (jvm_scorer.expectedLow(), jvm_scorer.expectedHigh(), jvm_scorer.likelihood())
+            )
+        params = trainer.learn(values[rows.start : rows.stop])
+    # None where the Python scorer has none (no parameters yet), numbers alike elsewhere.
+    assert [[x is None for x in row] for row in theirs] == [
+        [x is None for x in row] for row in ours
+    ]
+    explained = [(a, b) for a, b in zip(ours, theirs, strict=True) if a[0] is not None]
+    assert len(explained) > 2500
+    for mine, jvms in explained:
+        assert jvms == pytest.approx(mine, rel=1e-9, abs=1e-9)

@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 import kappaflow as kf
 from kappaflow.iot import app, score, train
-from kappaflow.iot.models import ALERT_SCORE, MODELS
+from kappaflow.iot.models import ALERT_SCORE, DEFAULT_MODEL, MODELS
 from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.from_build import start_app
 from kappaflow.kafka.topics import create_topic, describe_topic
@@ -68,10 +68,10 @@ def test_models_are_learnt_per_device_and_metric_and_published_per_batch(
         [("d1", "cpu_temp")] * 2 + [("d2", "cpu_temp")] * 2
     )
     last = next(u for u in updates if (u["device"], u["version"]) == ("d1", 2))
-    assert last["model"] == "forecast"
+    assert last["model"] == DEFAULT_MODEL == "likelihood"
     assert last["trained_until"].startswith("2026-11-20T01:59")
     # What was published is what a trainer fed the same readings publishes.
-    expected = MODELS["forecast"].trainer()
+    expected = MODELS[DEFAULT_MODEL].trainer()
     expected.learn(a[:60])
     assert json.loads(last["params"]) == json.loads(json.dumps(expected.learn(a[60:])))
 

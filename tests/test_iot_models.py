@@ -14,7 +14,7 @@ from conftest import RunCli, run_kappaflow
 
 from kappaflow.errors import JobError
 from kappaflow.iot.evaluation import Incident, _early_credit, incidents, judge, replay
-from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
+from kappaflow.iot.models import ALERT_SCORE, DEFAULT_MODEL, MODELS, Scorer
 from kappaflow.iot.replay import Running
 from kappaflow.iot.score import _stored
 from kappaflow.jobs.restarts import MAX_RESTARTS
@@ -224,32 +224,45 @@ def test_evaluate_through_kafka_and_the_jobs_scores_as_the_trainer_and_scorer_do
     kafka: Settings, tmp_path: Path
 ) -> None:
     """The live path (Kafka, the training job, the models topic, the scoring job) gives
-    each row the score the same trainer and scorer give it in one process."""
+    each row the score the same trainer and scorer give it in one process, with the
+    application's default model (likelihood: its probation, range guard and mute too)."""
     spiked = _daily(200, seed=4)
     spiked[150] += 15.0
     _write(
         tmp_path / "in" / "a" / "temp.csv",
         [(f"2014-04-01 {m // 60:02d}:{m % 60:02d}:00", repr(v)) for m, v in enumerate(spiked)],
     )
+    # A second a reading; a new normal from row 220, a sensor stuck from 260 to 289.
+    load = _daily(300, seed=8)
+    for row in range(220, 300):
+        load[row] += 10.0
+    for row in range(260, 290):
+        load[row] = load[259]
     _write(
         tmp_path / "in" / "load.csv",
-        [(f"2019-07-01 00:00:{s:02d}", repr(v)) for s, v in enumerate(_daily(50, seed=8))],
+        [(f"2019-07-01 00:{s // 60:02d}:{s % 60:02d}", repr(v)) for s, v in enumerate(load)],
     )
-    outs = {}
+    outs, summaries = {}, {}
     for route in ("kafka", "local"):
         out = tmp_path / route
-        # Rounds of 16, 32, 64 and 64 rows, each a micro-batch of both jobs and a wait
-        # for them: a few minutes on a busy machine, beyond the CLI's usual deadline.
+        # Rounds of 16, 32, then 64 rows, each a micro-batch of both jobs and a wait for
+        # them: a few minutes on a busy machine, beyond the CLI's usual deadline.
         result = run_kappaflow(
             kafka, "iot", "evaluate", "--input", str(tmp_path / "in"), "--out", str(out),
             "--batch", "64", "--path", route, timeout=600,
         )  # fmt: skip
         assert result.code == 0, result.err
-        assert json.loads(result.out)["rows"] == 250
+        summaries[route] = json.loads(result.out)
+        assert (summaries[route]["rows"], summaries[route]["model"]) == (500, DEFAULT_MODEL)
         outs[route] = {name: (out / name).read_text() for name in ("a/temp.csv", "load.csv")}
+    assert DEFAULT_MODEL == "likelihood"
     assert outs["kafka"] == outs["local"]
     temp = list(csv.reader(outs["kafka"]["a/temp.csv"].splitlines()))[1:]
     assert float(temp[150][2]) >= ALERT_SCORE
+    # The new normal raises one alarm, at its first reading, and the mute holds the rest.
+    scores = [float(r[2]) for r in csv.reader(outs["kafka"]["load.csv"].splitlines()[1:])]
+    assert max(scores[:100]) == 0.0
+    assert [row for row, s in enumerate(scores) if s >= ALERT_SCORE] == [220]
 
 
 class _Query:

@@ -30,6 +30,7 @@ from kappaflow.iot.evaluation import (
 from kappaflow.iot.feed import KafkaSink, LabelsFile, LinesSink, Sink, feed
 from kappaflow.iot.models import ALERT_SCORE, EVALUATE_MODEL, MODELS
 from kappaflow.iot.nab import Report, score_series
+from kappaflow.iot.plots import plot_name, write_plot
 from kappaflow.iot.simulator import FleetConfig, Simulation
 from kappaflow.iot.telemetry import EVENTS_TOPIC, READINGS_TOPIC
 from kappaflow.kafka.topics import DEFAULT_PARTITIONS
@@ -193,9 +194,16 @@ def simulate(
     help="kafka: through Kafka, the training job, the models topic and the scoring job, "
     "as live readings go; local: the same trainer and scorer in this process",
 )
+@click.option(
+    "--plot",
+    is_flag=True,
+    help="also draw each series as a PNG beside its scores: the values with the labelled "
+    "anomalies' windows and the alarms, and the scores with the alert score (needs "
+    "matplotlib: pip install 'kappaflow[plot]')",
+)
 @pass_context
 def evaluate(
-    ctx: Context, input_dir: Path, out_dir: Path, model: str, batch: int, route: str
+    ctx: Context, input_dir: Path, out_dir: Path, model: str, batch: int, route: str, plot: bool
 ) -> None:
     """Score recorded series as the application scores a device's metric.
 
@@ -210,7 +218,9 @@ def evaluate(
     is_anomaly (or label) column, the detections at the alert score are judged against
     it, and scored by the Numenta Anomaly Benchmark's rules (windows around each labelled
     anomaly, its three profiles: see kappaflow.iot.nab). Prints one JSON line: files,
-    rows, seconds, the judgement and the NAB scores.
+    rows, seconds, the judgement and the NAB scores. With --plot, a picture of each series
+    (name.png beside name.csv): its values, the labelled anomalies' windows, the alarms at
+    the alert score, and its scores.
     """
     files = corpus(input_dir)
     if not files:
@@ -227,6 +237,9 @@ def evaluate(
     labelled = 0
     for name, s in series.items():
         write_scores(out_dir / scores_name(name), s, scores[name])
+        if plot:
+            title = f"{name}: {model}, alert score {ALERT_SCORE}"
+            write_plot(out_dir / plot_name(name), title, s, scores[name], ALERT_SCORE)
         rows += len(s.values)
         if s.labels is not None:
             labelled += 1
@@ -241,6 +254,8 @@ def evaluate(
         "batch": batch,
         "out": str(out_dir),
     }
+    if plot:
+        summary["plots"] = len(series)
     if labelled:
         summary["labelled_files"] = labelled
         summary["judgement"] = {"threshold": ALERT_SCORE, **verdict.to_json()}

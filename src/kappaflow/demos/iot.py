@@ -33,6 +33,7 @@ from rich.table import Table
 from kappaflow import services
 from kappaflow.api.server import EmbeddedApi
 from kappaflow.errors import JobError, JobNotFoundError, JobStartError, KappaflowError
+from kappaflow.iot.alerts import explanation
 from kappaflow.iot.feed import LabelsFile, feed
 from kappaflow.iot.gateway import Gateway, GatewayConfig, create_app
 from kappaflow.iot.registry import Registry, fleet_tokens, register
@@ -433,7 +434,7 @@ def _view(
         f"scores topic: {SCORES}",
     )
     alerts = Table(title="open alerts (newest first)", title_justify="left")
-    for column in ("device", "metric", "rule", "since", "reason"):
+    for column in ("device", "metric", "rule", "since", "seen and expected"):
         alerts.add_column(column)
     for a in seen.get("alerts", [])[:10]:
         alerts.add_row(
@@ -441,7 +442,7 @@ def _view(
             str(a.get("metric")),
             ", ".join(a.get("open", [])),
             str(a.get("time", ""))[11:19],
-            str(a.get("reason", ""))[:60],
+            (explanation(a) or str(a.get("reason", "")))[:70],
         )
     counts = seen.get("gateway", {})
     foot = (

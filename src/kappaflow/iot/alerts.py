@@ -7,8 +7,10 @@ Written on the public job API only. Start it with::
 From ``scores`` (``-P source=...``), per device and metric, a stateful function applies
 three rules and writes to ``alerts`` (``-P dest=...``), keyed by ``[device, metric]``:
 
-- ``anomaly``: ``SUSTAINED`` readings in a row scored at or above ``ALERT_SCORE``; it is
-  resolved by ``CALM`` readings in a row below it;
+- ``anomaly``: ``SUSTAINED`` readings in a row scored at or above ``ALERT_SCORE`` (one
+  reading for a model family that raises one alarm per incident itself, ``likelihood``,
+  whose scorer holds the readings after an alarm under the alert score); it is resolved
+  by ``CALM`` readings in a row below it;
 - ``no_data``: no reading for ``SILENCE`` of event time (an event-time timer, so it fires
   as the watermark, which other devices' readings move, passes); the next reading
   resolves it;
@@ -23,11 +25,17 @@ its ``seq`` in it, and a pair judged before is passed over.
 An alert is raised once per incident: a rule already raised for a key raises nothing more
 until it is resolved. Each record says ``raised`` or ``resolved``, with the reason, the
 event time, for ``anomaly`` the score that raised it, and the rules open for the key
-after it::
+after it. A raised ``anomaly`` explains itself: the ``model`` that scored the reading,
+the ``value`` seen, the range the model expected it in (``expected_low`` to
+``expected_high``: where its surprise stays under the alert score) and its anomaly
+``likelihood`` (one minus the tail probability of its surprise), as the score record
+carried them (null where it had none); a raised ``rate`` has the ``value``::
 
     {"device": "dev-000042", "metric": "cpu_temp", "rule": "anomaly",
-     "status": "raised", "reason": "3 readings in a row scored >= 0.5",
-     "time": "2026-11-25T09:03:01.250Z", "score": 0.93, "open": ["anomaly"]}
+     "status": "raised", "reason": "scored 0.93 >= 0.5: 71.2 where 58.4 to 63.9 was
+     expected", "time": "2026-11-25T09:03:01.250Z", "score": 0.93, "open": ["anomaly"],
+     "model": "likelihood", "value": 71.2, "expected_low": 58.4, "expected_high": 63.9,
+     "likelihood": 0.9999999991}
 
 The serving store keeps each key's latest record (``kf:iot-alerts:alerts:latest``), so
 the open alerts are the keys whose latest record has rules in ``open``.
@@ -39,13 +47,13 @@ come; a key that sent nothing for ``FORGET_AFTER`` is forgotten with its open al
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import kappaflow as kf
-from kappaflow.iot.models import ALERT_SCORE
+from kappaflow.iot.models import ALERT_SCORE, MODELS
 from kappaflow.iot.score import SCORES_TOPIC
 from kappaflow.iot.telemetry import METRICS
 
@@ -73,6 +81,11 @@ class Scored:
     #: reading's number in it: a reading scored again has the same pair.
     run: str | None = None
     seq: int | None = None
+    #: The model that scored the reading and its explanation (``kappaflow.iot.score``).
+    model: str | None = None
+    expected_low: float | None = None
+    expected_high: float | None = None
+    likelihood: float | None = None
 
 
 @dataclass
@@ -86,6 +99,13 @@ class Alert:
     score: float | None = None
     #: The key's rules open after this record: the serving store keeps each key's latest.
     open: list[str] = field(default_factory=list)
+    #: What raised it: for ``anomaly``, the model, the value seen, the range the model
+    #: expected it in and its likelihood; for ``rate``, the value.
+    model: str | None = None
+    value: float | None = None
+    expected_low: float | None = None
+    expected_high: float | None = None
+    likelihood: float | None = None
 
 
 @dataclass
@@ -139,12 +159,55 @@ def _advance(w: Watch, keep: int | None = None) -> None:
 
 def _raise(w: Watch, e: Scored, rule: str, reason: str, score: float | None = None) -> Alert:
     w.open.append(rule)
-    return Alert(e.device, e.metric, rule, "raised", reason, e.time, score, list(w.open))
+    alert = Alert(e.device, e.metric, rule, "raised", reason, e.time, score, list(w.open))
+    alert.value = e.value
+    if rule == "anomaly":
+        alert.model, alert.likelihood = e.model, e.likelihood
+        alert.expected_low, alert.expected_high = e.expected_low, e.expected_high
+    return alert
+
+
+def _sustained(e: Scored) -> int:
+    """High scores in a row that raise an anomaly: one for a family that raises one alarm
+    per incident itself (its scorer holds the readings after an alarm under the alert
+    score), ``SUSTAINED`` for the others."""
+    family = MODELS.get(e.model or "")
+    return 1 if family is not None and family.guards else SUSTAINED
+
+
+def _anomaly_reason(e: Scored, needed: int) -> str:
+    if needed > 1:
+        reason = f"{needed} readings in a row scored >= {ALERT_SCORE}"
+    else:
+        reason = f"scored {e.score:.3g} >= {ALERT_SCORE}"
+    if e.expected_low is not None and e.expected_high is not None:
+        reason += (
+            f": {e.value:.4g} where {e.expected_low:.4g} to {e.expected_high:.4g} was expected"
+        )
+    return reason
 
 
 def _resolve(w: Watch, e: Scored, rule: str, reason: str) -> Alert:
     w.open.remove(rule)
     return Alert(e.device, e.metric, rule, "resolved", reason, e.time, None, list(w.open))
+
+
+def explanation(alert: Mapping[str, Any]) -> str:
+    """An alert record's explanation in a few words, for people (the CLI, the dashboard):
+    ``71.2 seen, 58.4 to 63.9 expected (likelihood; 1 in 3.2e+09)``; empty where the
+    record explains nothing."""
+    value, low, high = alert.get("value"), alert.get("expected_low"), alert.get("expected_high")
+    if value is None:
+        return ""
+    words = f"{value:.4g} seen"
+    if low is not None and high is not None:
+        words += f", {low:.4g} to {high:.4g} expected"
+    notes = [str(alert["model"])] if alert.get("model") else []
+    likelihood = alert.get("likelihood")
+    if likelihood is not None:
+        tail = 1.0 - float(likelihood)
+        notes.append(f"1 in {1.0 / tail:.2g}" if tail > 0 else "never seen")
+    return words + (f" ({'; '.join(notes)})" if notes else "")
 
 
 @kf.stateful(state=Watch, output=Alert, ttl=FORGET_AFTER, late="function")
@@ -172,9 +235,9 @@ def watch(
         # Sustained high score.
         if e.score >= ALERT_SCORE:
             w.high, w.calm = w.high + 1, 0
-            if w.high >= SUSTAINED and "anomaly" not in w.open:
-                reason = f"{SUSTAINED} readings in a row scored >= {ALERT_SCORE}"
-                yield _raise(w, e, "anomaly", reason, e.score)
+            needed = _sustained(e)
+            if w.high >= needed and "anomaly" not in w.open:
+                yield _raise(w, e, "anomaly", _anomaly_reason(e, needed), e.score)
         else:
             w.high, w.calm = 0, w.calm + 1
             if w.calm >= CALM and "anomaly" in w.open:

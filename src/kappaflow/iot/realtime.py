@@ -3,7 +3,7 @@
 Start it as a job of its own, beside (or instead of) the micro-batch scorer::
 
     kappaflow jobs start iot-score-rt --app kappaflow.iot.realtime:PIPELINE \\
-        [-P source=telemetry.clean] [-P models=models] [-P dest=scores] [-P model=forecast]
+        [-P source=telemetry.clean] [-P models=models] [-P dest=scores] [-P model=likelihood]
         [-P readings=clean|raw]
 
 With ``-P readings=raw`` it reads the devices' raw readings (``telemetry.raw`` by

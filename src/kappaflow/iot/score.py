@@ -15,7 +15,13 @@ keyed by ``[device, metric]``::
 
     {"device": "dev-000042", "metric": "cpu_temp", "value": 61.2,
      "time": "2026-11-25T09:00:01.250Z", "id": "...", "score": 0.07,
-     "model": "forecast", "model_version": 118, "run": "...", "seq": 5012}
+     "model": "likelihood", "model_version": 118, "run": "...", "seq": 5012,
+     "expected_low": 58.4, "expected_high": 63.9, "likelihood": 0.41}
+
+``expected_low`` to ``expected_high`` is the range the model expected the reading in (its
+level surprise under the alert score there) and ``likelihood`` one minus the tail
+probability of its surprise (``kappaflow.iot.models.Explanation``): null without
+parameters, and the range for ``hst``, which has no centre.
 
 ``run`` and ``seq`` number the key's readings as scored: ``run`` is the id of the first
 reading the key's state scored (a key forgotten and seen again starts a new run), ``seq``
@@ -82,6 +88,12 @@ class Score:
     #: number in it: a reading scored again from the same state has the same pair.
     run: str
     seq: int
+    #: The explanation (``kappaflow.iot.models.Explanation``): the range the model
+    #: expected the reading in, and its anomaly likelihood; null without parameters (and
+    #: the range for a family without a centre, ``hst``).
+    expected_low: float | None = None
+    expected_high: float | None = None
+    likelihood: float | None = None
 
 
 @dataclass
@@ -146,6 +158,7 @@ def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> kf.StatefulFu
             name = family.name if params is not None else None
             state = ctx.state
             state.run, state.seq = state.run or e.id, state.seq + 1
+            why = scorer.explain()
             yield Score(
                 e.device,
                 e.metric,
@@ -157,6 +170,9 @@ def scorer_function(model: str, ttl: str | None = FORGET_AFTER) -> kf.StatefulFu
                 version,
                 state.run,
                 state.seq,
+                why.expected_low,
+                why.expected_high,
+                why.likelihood,
             )
         if scorer is not None:
             ctx.state.scorer = json.dumps(scorer.state())

@@ -5,7 +5,7 @@ Written on the public job API only. Start it with::
     kappaflow jobs start iot-train --app kappaflow.iot.train:build
 
 From ``telemetry.clean`` (``-P source=...``), each device's metric is learnt in
-micro-batches by a trainer of the model family ``-P model=...`` (``forecast`` by default;
+micro-batches by a trainer of the model family ``-P model=...`` (``likelihood`` by default;
 ``kappaflow.iot.models``). After every micro-batch that brought a key readings, the key's
 parameters go to the compacted topic ``models`` (``-P dest=...``), keyed by
 ``[device, metric]``, with their version (the micro-batches learnt) and the count of

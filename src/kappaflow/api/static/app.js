@@ -4,6 +4,7 @@
 
 import { request, session, signIn, signOut } from "./api.js";
 import { LineChart, compact } from "./charts.js";
+import { DeviceView } from "./device.js";
 import { ResultsView } from "./results.js";
 import { Letters, TopicBrowser } from "./topics.js";
 
@@ -78,6 +79,7 @@ class Dashboard {
     this.results = new ResultsView($("results"));
     this.letters = new Letters($("letters"));
     this.topics = new TopicBrowser($("topics"), () => {});
+    this.device = new DeviceView($("device"));
     this.charts = CHARTS.map(([title, testid, series]) =>
       [new LineChart($("charts"), title, series.map(([name]) => ({ name })), testid), series]);
     this.plan = null;
@@ -85,6 +87,11 @@ class Dashboard {
 
   start() {
     this.setUpSignIn();
+    // A device's metric to plot, as a link gives it: #device=D&metric=M[&scores=T&alerts=T].
+    const wanted = new URLSearchParams(location.hash.slice(1));
+    if (wanted.get("device") && wanted.get("metric")) {
+      this.device.show(Object.fromEntries(wanted.entries()));
+    }
     this.loop(() => this.poll(), POLL_MS);
     this.loop(() => this.topics.refresh(), TOPICS_POLL_MS);
     window.addEventListener("hashchange", () => {

@@ -26,22 +26,22 @@ from kappaflow.iot.models.forecast import FORECAST
 from kappaflow.iot.models.hst import HST
 from kappaflow.iot.models.likelihood import LIKELIHOOD
 from kappaflow.iot.models.robust import ROBUST
-from kappaflow.iot.models.scoring import ALERT_SCORE, Scorer
+from kappaflow.iot.models.scoring import ALERT_SCORE, Explanation, Scorer
 
 MODELS: dict[str, Model] = {m.name: m for m in (ROBUST, FORECAST, HST, LIKELIHOOD)}
-#: The model the application trains and scores with, chosen by the comparison in
-#: benchmarks/iot-models.md.
-DEFAULT_MODEL = "forecast"
-#: The model ``kappaflow iot evaluate`` scores with unless told: the best by the NAB rules
-#: on the development series (data/anomaly, ``make eval-anomaly``). The application's jobs
-#: take it with ``-P model=likelihood``.
-EVALUATE_MODEL = "likelihood"
+#: The model the application trains and scores with unless told (``-P model=...``): the
+#: best by the NAB rules on the development and held-out series (data/anomaly, ``make
+#: eval-anomaly``).
+DEFAULT_MODEL = "likelihood"
+#: The model ``kappaflow iot evaluate`` scores with unless told: the application's.
+EVALUATE_MODEL = DEFAULT_MODEL
 
 __all__ = [
     "ALERT_SCORE",
     "DEFAULT_MODEL",
     "EVALUATE_MODEL",
     "MODELS",
+    "Explanation",
     "Model",
     "Params",
     "Scorer",

@@ -162,6 +162,12 @@ class Model:
     #: A second surprise's tail probability given the parameters, the readings before and
     #: the reading (None: none), scored beside the first: the score is the larger.
     extra_tail: Callable[[Params, Sequence[float], float], float] | None = None
+    #: Where the model expected the next reading, given the parameters and the readings
+    #: before it: ``(centre, unit)`` such that ``raw`` is the distance from ``centre`` in
+    #: ``unit`` (None: the family has no such centre, as ``hst``; or none yet). The scorer
+    #: takes the raw surprise from it where given (once a reading, not twice), and turns
+    #: it into the expected range of an alert's explanation (``Scorer.explain``).
+    expected: Callable[[Params, Sequence[float]], tuple[float, float] | None] | None = None
 
 
 #: Every family's parameters have these beside their own (``Trainer.params``).

@@ -126,6 +126,15 @@ def _raw(params: Params, history: Sequence[float], value: float) -> float:
     return abs(value - forecast) / max(float(params["error_spread"]), _TINY)
 
 
+def _expected(params: Params, history: Sequence[float]) -> tuple[float, float]:
+    """The forecast, and the spread of forecast errors."""
+    centre = float(params["centre"])
+    scale = max(float(params["scale"]), _TINY)
+    x = _inputs(history, centre, scale)
+    forecast = centre + scale * float(np.asarray(params["coef"]) @ x)
+    return forecast, max(float(params["error_spread"]), _TINY)
+
+
 def _remember(params: Params, history: Sequence[float], value: float) -> float:
     """``value``, or where it is an outlier, the forecast plus three error spreads."""
     centre = float(params["centre"])
@@ -142,6 +151,7 @@ FORECAST = Model(
     raw=_raw,
     history=LAGS,
     remember=_remember,
+    expected=_expected,
     summary=f"forecast error of an AR({LAGS}) model fitted by recursive least squares",
     shape={
         "$.centre": "double",

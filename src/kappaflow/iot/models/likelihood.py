@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import repeat
+from operator import sub
 from typing import Any
 
 from kappaflow.iot.models.base import (
@@ -67,21 +68,35 @@ def median_spread(window: Sequence[float]) -> tuple[float, float]:
     """The median of ``window`` and its median absolute deviation, scaled to a deviation."""
     ordered = sorted(window)
     middle = ordered[len(ordered) // 2]
-    deviations = sorted(abs(v - middle) for v in window)
+    # map, not a generator: this runs several times a reading (benchmarks/iot-models.md).
+    deviations = sorted(map(abs, map(sub, ordered, repeat(middle, len(ordered)))))
     return middle, deviations[len(deviations) // 2] * _MAD_TO_SD
+
+
+def window_centre(
+    window: Sequence[float], span: float, usual: float = 0.0
+) -> tuple[float, float] | None:
+    """The median of ``window`` and its (scaled) median absolute deviation, taken to be no
+    less than ``FLOOR`` of ``span`` nor ``USUAL`` of the ``usual`` deviation (a window gone
+    flat does not make the next move a thousand-sigma event); None while the window holds
+    fewer than ``LEAST`` readings."""
+    if len(window) < LEAST:
+        return None
+    middle, spread = median_spread(window)
+    return middle, max(spread, FLOOR * span, USUAL * usual, _TINY)
 
 
 def window_surprise(
     window: Sequence[float], value: float, span: float, usual: float = 0.0
 ) -> float:
-    """``value``'s distance from the median of ``window`` in its (scaled) median absolute
-    deviations, which are taken to be no less than ``FLOOR`` of ``span`` nor ``USUAL`` of
-    the ``usual`` deviation (a window gone flat does not make the next move a
-    thousand-sigma event); 0 while the window holds fewer than ``LEAST`` readings."""
-    if len(window) < LEAST:
+    """``value``'s distance from the median of ``window`` in its (scaled, floored) median
+    absolute deviations (``window_centre``); 0 while the window holds fewer than ``LEAST``
+    readings."""
+    centre = window_centre(window, span, usual)
+    if centre is None:
         return 0.0
-    middle, spread = median_spread(window)
-    return abs(value - middle) / max(spread, FLOOR * span, USUAL * usual, _TINY)
+    middle, unit = centre
+    return abs(value - middle) / unit
 
 
 def spike_surprise(window: Sequence[float], value: float, span: float, usual: float = 0.0) -> float:
@@ -93,7 +108,7 @@ def spike_surprise(window: Sequence[float], value: float, span: float, usual: fl
     if len(window) < LEAST:
         return 0.0
     recent = list(window)
-    changes = sorted(abs(b - a) for a, b in pairwise(recent))
+    changes: list[float] = sorted(map(abs, map(sub, recent[1:], recent[:-1])))
     scale = max(changes[len(changes) // 2] * _MAD_TO_SD, FLOOR * span, USUAL * usual, _TINY)
     most = 0.0
     for width in SPIKE_WIDTHS:
@@ -137,6 +152,9 @@ class SurpriseTail:
 
 class LikelihoodTrainer(Trainer):
     name = "likelihood"
+    # The window's spread as surprise() found it, for update(); class-level too, so that
+    # a trainer pickled without it (in a training job's state) goes on learning.
+    _spread: float | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,21 +171,28 @@ class LikelihoodTrainer(Trainer):
         return self.high - self.low if self.high > self.low else 0.0
 
     def surprise(self, value: float) -> float:
-        # The short mean the scorer scores; the raw surprise is kept for update().
-        raw = window_surprise(self._window, value, self._span(), self.usual)
+        # The short mean the scorer scores; the raw surprise and the window's spread are
+        # kept for update(), which would compute them again.
+        raw, self._spread = 0.0, None
+        if len(self._window) >= LEAST:
+            middle, spread = median_spread(self._window)
+            unit = max(spread, FLOOR * self._span(), USUAL * self.usual, _TINY)
+            raw, self._spread = abs(value - middle) / unit, spread
         self._pending = raw
         self._spikes.learn(spike_surprise(self._window, value, self._span(), self.usual))
         return (sum(self._recent) + raw) / (len(self._recent) + 1)
 
     def update(self, value: float) -> None:
-        raw = self._pending
+        raw, spread = self._pending, self._spread
         if raw is None:
             raw = window_surprise(self._window, value, self._span(), self.usual)
-        self._pending = None
+        self._pending = self._spread = None
         if len(self._window) >= LEAST:
             self._windows += 1
             rate = max(_USUAL_RATE, 1.0 / self._windows)
-            self.usual += rate * (median_spread(self._window)[1] - self.usual)
+            if spread is None:
+                spread = median_spread(self._window)[1]
+            self.usual += rate * (spread - self.usual)
         self._recent.append(raw)
         self._window.append(value)
         self.low, self.high = min(self.low, value), max(self.high, value)
@@ -186,6 +211,11 @@ class LikelihoodTrainer(Trainer):
 def _raw(params: Params, history: Sequence[float], value: float) -> float:
     span = max(float(params["high"]) - float(params["low"]), 0.0)
     return window_surprise(history, value, span, float(params["usual"]))
+
+
+def _expected(params: Params, history: Sequence[float]) -> tuple[float, float] | None:
+    span = max(float(params["high"]) - float(params["low"]), 0.0)
+    return window_centre(history, span, float(params["usual"]))
 
 
 def _spike_tail(params: Params, history: Sequence[float], value: float) -> float:
@@ -213,4 +243,5 @@ LIKELIHOOD = Model(
     smooth=SMOOTH,
     guards=True,
     extra_tail=_spike_tail,
+    expected=_expected,
 )

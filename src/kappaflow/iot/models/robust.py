@@ -58,11 +58,16 @@ def _raw(params: Params, _history: Sequence[float], value: float) -> float:
     return abs(value - float(params["level"])) / max(float(params["spread"]), _TINY)
 
 
+def _expected(params: Params, _history: Sequence[float]) -> tuple[float, float]:
+    return float(params["level"]), max(float(params["spread"]), _TINY)
+
+
 ROBUST = Model(
     name="robust",
     trainer=RobustTrainer,
     raw=_raw,
     history=0,
+    expected=_expected,
     summary="distance from a robust level, in robust spreads",
     shape={"$.level": "double", "$.spread": "double"},
 )

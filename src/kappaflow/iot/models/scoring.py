@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from kappaflow.iot.models.base import MAX_CLIPPED, STUCK_RUN, WARMUP, Model, Params
@@ -69,6 +70,31 @@ def tail_probability(params: Params, surprise: float) -> float:
     return max(0.5 * math.erfc(z / math.sqrt(2.0)), float(share))
 
 
+def alert_surprise(params: Params) -> float:
+    """The least (smoothed) raw surprise whose tail probability scores ``ALERT_SCORE``:
+    in the tail learnt, where its exponential fall reaches ``10 ** -(ALERT_SCORE *
+    _LOG_CAP)``; where the tail's share is already that rare, its start (below it, the
+    tail is the share at least, or a normal tail within two spreads, far more common)."""
+    start, share, scale = (float(x) for x in params["tail"])
+    rare = 10.0 ** -(ALERT_SCORE * _LOG_CAP)
+    if share <= rare:
+        return start
+    return start + max(scale, _TINY) * math.log(share / rare)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a model expected of a reading (``expected_low`` to ``expected_high``: the
+    values whose surprise stays under the alert score; None where the family or its
+    parameters have no centre, as ``hst``, or no parameters yet) and the reading's anomaly
+    likelihood (one minus the tail probability of its surprise; None without
+    parameters)."""
+
+    expected_low: float | None
+    expected_high: float | None
+    likelihood: float | None
+
+
 class Scorer:
     """Scores the readings of one series, in order, each with the parameters given."""
 
@@ -86,8 +112,16 @@ class Scorer:
         self._low = math.inf
         self._high = -math.inf
         self._longest = 0
-        # The current reading's raw surprise (0 without parameters), for the guards.
+        # The current reading's raw surprise (0 without parameters), for the guards; and
+        # its explanation: the range the model expected it in, and its likelihood.
         self._surprise = 0.0
+        self._band: tuple[float, float] | None = None
+        self._likelihood: float | None = None
+
+    def explain(self) -> Explanation:
+        """What the model expected of the reading scored last, and how likely it was."""
+        low, high = self._band if self._band is not None else (None, None)
+        return Explanation(low, high, self._likelihood)
 
     def state(self) -> dict[str, Any]:
         """What the scorer remembers, JSON-ready, for ``restore``."""
@@ -144,6 +178,7 @@ class Scorer:
     def _tail_score(self, value: float, params: Params | None) -> float:
         remembered = value
         self._surprise = 0.0
+        self._band, self._likelihood = None, None
         try:
             if params is None or params["n"] < WARMUP:
                 return 0.0
@@ -155,13 +190,23 @@ class Scorer:
             else:
                 remembered = self.model.remember(params, self._history, value)
                 self._clipped = self._clipped + 1 if remembered != value else 0
-            raw = self.model.raw(params, self._history, value)
+            # A family with a centre has its raw surprise from it: the distance from the
+            # centre in its unit (as ``raw`` computes it), found once for the explanation too.
+            centre = None
+            if self.model.expected is not None:
+                centre = self.model.expected(params, self._history)
+                raw = 0.0 if centre is None else abs(value - centre[0]) / centre[1]
+            else:
+                raw = self.model.raw(params, self._history, value)
             self._surprise = raw
             self._raw.append(raw)
             tail = tail_probability(params, sum(self._raw) / len(self._raw))
             if self.model.extra_tail is not None:
                 tail = min(tail, self.model.extra_tail(params, self._history, value))
             tail = max(tail, _MIN_TAIL)
+            self._likelihood = 1.0 - tail
+            if centre is not None:
+                self._band = self._expected_band(params, centre)
             score = min(1.0, max(0.0, -math.log10(tail) / _LOG_CAP))
             if (
                 not self.model.guards
@@ -172,6 +217,16 @@ class Scorer:
             return score
         finally:
             self._history.append(remembered)
+
+    def _expected_band(self, params: Params, centre: tuple[float, float]) -> tuple[float, float]:
+        """The values the reading could have had without its level surprise reaching the
+        alert score (given the raw surprises before it that the score averages): the
+        model's centre plus or minus that many of its units. A spike, a new extreme or a
+        flat line may raise a reading within it all the same."""
+        middle, unit = centre
+        most = alert_surprise(params) * len(self._raw) - (sum(self._raw) - self._raw[-1])
+        reach = max(most, 0.0) * unit
+        return float(middle - reach), float(middle + reach)
 
     def _guard(self, value: float, score: float) -> float:
         """``score`` with the guards of a guarded family applied, which learn ``value``."""

@@ -312,7 +312,19 @@ public final class RealtimeScoring {
         }
         s.put("run", runId);
         s.put("seq", scored);
+        // The explanation, as the micro-batch scorer writes it (null where it has none).
+        putOrNull(s, "expected_low", scorer.expectedLow());
+        putOrNull(s, "expected_high", scorer.expectedHigh());
+        putOrNull(s, "likelihood", scorer.likelihood());
         return s.toString();
+      }
+    }
+
+    private static void putOrNull(ObjectNode node, String field, Double value) {
+      if (value == null) {
+        node.putNull(field);
+      } else {
+        node.put(field, value.doubleValue());
       }
     }
 

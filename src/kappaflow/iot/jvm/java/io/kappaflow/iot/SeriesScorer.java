@@ -58,6 +58,11 @@ public final class SeriesScorer {
   private double high = Double.NEGATIVE_INFINITY;
   private int longest;
   private double surprise;
+  // The explanation of the reading scored last: the range the model expected it in and its
+  // likelihood (null: none; Scorer.explain in Python).
+  private Double expectedLow;
+  private Double expectedHigh;
+  private Double likelihood;
 
   /** The families this scorer knows, by name; null for another. */
   public static Family family(String name) {
@@ -116,6 +121,21 @@ public final class SeriesScorer {
     return family;
   }
 
+  /** The low end of the range the model expected the reading scored last in, or null. */
+  public Double expectedLow() {
+    return expectedLow;
+  }
+
+  /** The high end of the range the model expected the reading scored last in, or null. */
+  public Double expectedHigh() {
+    return expectedHigh;
+  }
+
+  /** One minus the tail probability of the last reading's surprise, or null. */
+  public Double likelihood() {
+    return likelihood;
+  }
+
   /** What the scorer remembers, as the Python scorer's JSON. */
   public String state() throws JsonProcessingException {
     ObjectNode memory = JSON.createObjectNode();
@@ -165,6 +185,9 @@ public final class SeriesScorer {
   private double tailScore(double value, Params params) {
     double remembered = value;
     surprise = 0.0;
+    expectedLow = null;
+    expectedHigh = null;
+    likelihood = null;
     try {
       if (params == null || params.n < WARMUP) {
         return 0.0;
@@ -176,7 +199,10 @@ public final class SeriesScorer {
         remembered = family.remember(params, history, value);
         clipped = remembered != value ? clipped + 1 : 0;
       }
-      surprise = family.raw(params, history, value);
+      // The raw surprise is the distance from the family's centre in its unit: found once,
+      // for the explanation too.
+      double[] centre = family.expected(params, history);
+      surprise = centre == null ? 0.0 : Math.abs(value - centre[0]) / centre[1];
       push(raw, surprise, smooth);
       double sum = 0.0;
       for (double r : raw) {
@@ -187,6 +213,13 @@ public final class SeriesScorer {
         tail = Math.min(tail, Family.spikeTail(params, history, value));
       }
       tail = Math.max(tail, MIN_TAIL);
+      likelihood = 1.0 - tail;
+      if (centre != null) {
+        double most = alertSurprise(params) * raw.size() - (sum - surprise);
+        double reach = Math.max(most, 0.0) * centre[1];
+        expectedLow = centre[0] - reach;
+        expectedHigh = centre[0] + reach;
+      }
       double score = Math.min(1.0, Math.max(0.0, -Math.log10(tail) / LOG_CAP));
       if (!family.guards && run >= STUCK_RUN && params.repeats < RARE_REPEATS) {
         score = Math.max(score, ALERT_SCORE);
@@ -242,6 +275,19 @@ public final class SeriesScorer {
         surprise);
   }
 
+  /**
+   * The least smoothed raw surprise whose tail probability scores ALERT_SCORE: where the
+   * learnt tail's exponential fall reaches 10^-(ALERT_SCORE * LOG_CAP), or its start where the
+   * tail's share is already that rare.
+   */
+  static double alertSurprise(Params params) {
+    double rare = Math.pow(10.0, -(ALERT_SCORE * LOG_CAP));
+    if (params.tailShare <= rare) {
+      return params.tailStart;
+    }
+    return params.tailStart + Math.max(params.tailScale, TINY) * Math.log(params.tailShare / rare);
+  }
+
   static double tailProbability(
       double mean, double spread, double start, double share, double scale, double surprise) {
     if (surprise > start) {
@@ -258,12 +304,15 @@ public final class SeriesScorer {
     }
   }
 
-  /** A model family: how many readings it keeps, its raw surprise, what it remembers. */
+  /**
+   * A model family: how many readings it keeps, where it expects a reading (its raw surprise
+   * is the distance from there in its unit), what it remembers.
+   */
   public enum Family {
     ROBUST(0, 1, false) {
       @Override
-      double raw(Params p, ArrayDeque<Double> history, double value) {
-        return Math.abs(value - p.level) / Math.max(p.spread, TINY);
+      double[] expected(Params p, ArrayDeque<Double> history) {
+        return new double[] {p.level, Math.max(p.spread, TINY)};
       }
 
       @Override
@@ -273,8 +322,8 @@ public final class SeriesScorer {
     },
     FORECAST(LAGS, 1, false) {
       @Override
-      double raw(Params p, ArrayDeque<Double> history, double value) {
-        return Math.abs(value - forecast(p, history)) / Math.max(p.errorSpread, TINY);
+      double[] expected(Params p, ArrayDeque<Double> history) {
+        return new double[] {forecast(p, history), Math.max(p.errorSpread, TINY)};
       }
 
       @Override
@@ -286,8 +335,8 @@ public final class SeriesScorer {
     },
     LIKELIHOOD(WINDOW, 2, true) {
       @Override
-      double raw(Params p, ArrayDeque<Double> history, double value) {
-        return windowSurprise(history, value, Math.max(p.high - p.low, 0.0), p.usual);
+      double[] expected(Params p, ArrayDeque<Double> history) {
+        return windowCentre(history, Math.max(p.high - p.low, 0.0), p.usual);
       }
 
       @Override
@@ -353,15 +402,14 @@ public final class SeriesScorer {
     }
 
     /**
-     * The distance of {@code value} from the median of {@code window} in its scaled median
-     * absolute deviations, taken to be no less than FLOOR of {@code span} nor USUAL of the
-     * {@code usual} deviation.
+     * The median of {@code window} and its scaled median absolute deviation, taken to be no
+     * less than FLOOR of {@code span} nor USUAL of the {@code usual} deviation; null while the
+     * window holds fewer than LEAST readings.
      */
-    static double windowSurprise(
-        ArrayDeque<Double> window, double value, double span, double usual) {
+    static double[] windowCentre(ArrayDeque<Double> window, double span, double usual) {
       int size = window.size();
       if (size < LEAST) {
-        return 0.0;
+        return null;
       }
       double[] ordered = new double[size];
       int i = 0;
@@ -377,11 +425,13 @@ public final class SeriesScorer {
       }
       java.util.Arrays.sort(deviations);
       double spread = deviations[size / 2] * MAD_TO_SD;
-      return Math.abs(value - middle)
-          / Math.max(Math.max(spread, FLOOR * span), Math.max(USUAL * usual, WINDOW_TINY));
+      return new double[] {
+        middle, Math.max(Math.max(spread, FLOOR * span), Math.max(USUAL * usual, WINDOW_TINY))
+      };
     }
 
-    abstract double raw(Params p, ArrayDeque<Double> history, double value);
+    /** {centre, unit} such that raw is the distance from centre in units; null for none. */
+    abstract double[] expected(Params p, ArrayDeque<Double> history);
 
     abstract double remember(Params p, ArrayDeque<Double> history, double value);
 

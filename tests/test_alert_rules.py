@@ -60,11 +60,21 @@ def test_a_malformed_rule_is_refused(spark: SparkSession, rule: Any, message: st
 
 
 def test_the_iot_score_alert_raises_on_each_reading_scored_high(spark: SparkSession) -> None:
-    from kappaflow.iot.alerts import build_realtime
+    from kappaflow.iot.alerts import build_realtime, explanation
     from kappaflow.iot.models import ALERT_SCORE
 
     def scored(device: str, score: float, at: str) -> dict[str, Any]:
-        return {"device": device, "metric": "fan_speed", "value": 1.0, "time": at, "id": at}
+        return {
+            "device": device,
+            "metric": "fan_speed",
+            "value": 71.2,
+            "time": at,
+            "id": at,
+            "model": "likelihood",
+            "expected_low": 58.4,
+            "expected_high": 63.9,
+            "likelihood": 0.9999,
+        }
 
     batches: list[list[Any]] = [
         [
@@ -79,3 +89,22 @@ def test_the_iot_score_alert_raises_on_each_reading_scored_high(spark: SparkSess
     [alert] = results.records(dest)
     assert (alert["device"], alert["rule"], alert["status"]) == ("d1", "score", "raised")
     assert alert["time"] == "2026-11-29T10:00:00.000Z"
+    # It explains itself as the micro-batch alerts do: the reading, the range expected
+    # and the model, beside the score its rule compared.
+    assert alert["value"] == ALERT_SCORE
+    assert explanation(alert) == "71.2 seen, 58.4 to 63.9 expected (likelihood; 1 in 1e+04)"
+
+
+def test_what_an_alert_carries_must_be_a_column_and_not_its_own_field(
+    spark: SparkSession,
+) -> None:
+    for carry, message in (("nope", "no column 'nope'"), ("value", "an alert's own field")):
+
+        def build(job: kf.Job, carry: str = carry) -> None:
+            readings = job.source("t", realtime_jobs.Reading, key="device")
+            readings.alerts(carry=[carry], high=("value", ">", 1)).to(kf.topic("out"))
+
+        with pytest.raises(KappaflowError) as refused:
+            kf.testing.run(build, {"t": [[]]}, spark=spark)
+        assert refused.value.code == "KF731"
+        assert message in str(refused.value)

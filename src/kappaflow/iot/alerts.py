@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pyspark.sql import functions as F
+
 import kappaflow as kf
 from kappaflow.iot.models import ALERT_SCORE, MODELS
 from kappaflow.iot.score import SCORES_TOPIC
@@ -195,8 +197,10 @@ def _resolve(w: Watch, e: Scored, rule: str, reason: str) -> Alert:
 def explanation(alert: Mapping[str, Any]) -> str:
     """An alert record's explanation in a few words, for people (the CLI, the dashboard):
     ``71.2 seen, 58.4 to 63.9 expected (likelihood; 1 in 3.2e+09)``; empty where the
-    record explains nothing."""
-    value, low, high = alert.get("value"), alert.get("expected_low"), alert.get("expected_high")
+    record explains nothing. The reading is ``seen`` in a real-time alert, whose
+    ``value`` is the score its rule compared, and ``value`` in the others."""
+    value = alert.get("seen", alert.get("value"))
+    low, high = alert.get("expected_low"), alert.get("expected_high")
     if value is None:
         return ""
     words = f"{value:.4g} seen"
@@ -265,6 +269,10 @@ def silent(key: tuple[Any, ...], at_ms: int, ctx: kf.StateContext[Watch]) -> Ite
         yield Alert(str(key[0]), str(key[1]), "no_data", "raised", reason, at, None, list(w.open))
 
 
+#: What a real-time score alert carries of its reading: the reading and its explanation.
+REALTIME_CARRIED = ("seen", "model", "expected_low", "expected_high", "likelihood")
+
+
 def build_realtime(job: kf.Job) -> None:
     """The alert that latency matters for, in Spark's real-time mode: a reading scored at
     or above ``ALERT_SCORE`` raises ``score`` the moment its score is in ``scores``, by a
@@ -278,8 +286,9 @@ def build_realtime(job: kf.Job) -> None:
     seconds do not matter). At least once, keyed by ``[device, metric]``::
 
         {"device": "dev-000042", "metric": "cpu_temp", "time": "2026-11-25T09:03:01.250Z",
-         "rule": "score", "field": "score", "value": 0.93, "op": ">=", "threshold": 0.5,
-         "status": "raised", "reason": "score 0.93 >= 0.5"}
+         "seen": 71.2, "model": "likelihood", "expected_low": 58.4, "expected_high": 63.9,
+         "likelihood": 0.99999, "rule": "score", "field": "score", "value": 0.93,
+         "op": ">=", "threshold": 0.5, "status": "raised", "reason": "score 0.93 >= 0.5"}
     """
     scores = job.source(
         job.param("source", SCORES_TOPIC),
@@ -288,7 +297,10 @@ def build_realtime(job: kf.Job) -> None:
         time="time",
         watermark="1m",
     )
-    alerts = scores.alerts(score=("score", ">=", ALERT_SCORE))
+    # The alert's ``value`` is the score; the reading travels as ``seen``, with the
+    # model's explanation, as the micro-batch alerts' do.
+    explained = scores.with_column("seen", F.col("value"))
+    alerts = explained.alerts(carry=REALTIME_CARRIED, score=("score", ">=", ALERT_SCORE))
     # Named: a topic's name (``dest``) may hold dots, which an output's name may not.
     alerts.to(kf.topic(job.param("dest", ALERTS_TOPIC)), kf.store(), name="alerts")
 

@@ -305,18 +305,21 @@ class Stream:
             raise JoinSpecError(f"join with table {other.name!r}: within= is for two streams")
         return self._joined(join_table(self._side(), other, keys, how))
 
-    def alerts(self, **rules: tuple[str, str, float]) -> Stream:
+    def alerts(self, *, carry: Sequence[str] = (), **rules: tuple[str, str, float]) -> Stream:
         """Alert records by declarative rules, ``name=(field, op, threshold)`` (op one
         of ``> >= < <= == !=``): per record and rule that holds, a record with the
-        stream's key columns and event time, ``rule``, ``field``, ``value``, ``op``,
-        ``threshold``, ``status`` ("raised") and ``reason``. The rules run in Spark's
-        JVM, so a job of them runs in real-time mode (``jobs start --real-time``)."""
-        from kappaflow.streams.rules import alert_rows, parse_rules
+        stream's key columns and event time, the ``carry`` columns of the record (an
+        explanation: what was expected, by which model), ``rule``, ``field``, ``value``,
+        ``op``, ``threshold``, ``status`` ("raised") and ``reason``. The rules run in
+        Spark's JVM, so a job of them runs in real-time mode (``jobs start --real-time``)."""
+        from kappaflow.streams.rules import alert_rows, carried_columns, parse_rules
 
         columns = [c for c in self.df.columns if not c.startswith("_kf_")]
         parsed = parse_rules(rules, columns)
         time = [self.source.time] if self.source.time in columns else []
-        keep = [*dict.fromkeys([*self.source.keys, *time]), *BOOKKEEPING, *_VERDICT]
+        keys = [*dict.fromkeys([*self.source.keys, *time])]
+        extra = [c for c in carried_columns(carry, columns) if c not in keys]
+        keep = [*keys, *extra, *BOOKKEEPING, *_VERDICT]
         return self._derive(alert_rows(self._frame, parsed, keep))
 
     def transform(self, function: Callable[[DataFrame], DataFrame]) -> Stream:

@@ -3,8 +3,9 @@ threshold, evaluated by Spark SQL in the JVM, so that a job of rules runs in rea
 mode as well as in micro-batches.
 
 Each rule is ``(field, op, threshold)``; a record for which a rule holds gives one alert
-record: the stream's key columns, ``rule``, ``field``, ``value``, ``op``, ``threshold``,
-``status`` ("raised"), ``reason`` (``"value 93.5 >= 80"``) and the record's event time.
+record: the stream's key columns, the columns it is asked to carry, ``rule``, ``field``,
+``value``, ``op``, ``threshold``, ``status`` ("raised"), ``reason`` (``"value 93.5 >=
+80"``) and the record's event time.
 A record for which no rule holds gives none; one for which two hold gives two. The rules
 keep no state: each record is judged alone (a rule over readings in a row, or a silence,
 is a stateful function's work).
@@ -63,6 +64,27 @@ def parse_rules(rules: Mapping[str, object], columns: Sequence[str]) -> list[Rul
             )
         parsed.append(Rule(name, str(field), str(op), float(threshold)))
     return parsed
+
+
+#: The fields an alert record has of its own.
+ALERT_FIELDS = ("rule", "field", "value", "op", "threshold", "status", "reason")
+
+
+def carried_columns(carry: Sequence[str] | str, columns: Sequence[str]) -> list[str]:
+    """The record's columns an alert carries; KF731 for one the records lack or one
+    named as an alert's own field."""
+    names = [carry] if isinstance(carry, str) else list(carry)
+    for name in names:
+        if name not in columns:
+            raise InvalidJobError(
+                f"alerts(carry=...): no column {name!r} (columns: {', '.join(columns)})"
+            )
+        if name in ALERT_FIELDS:
+            raise InvalidJobError(
+                f"alerts(carry=...): {name!r} is an alert's own field; carry it under "
+                "another name (Stream.with_column)"
+            )
+    return list(dict.fromkeys(names))
 
 
 def alert_rows(frame: DataFrame, rules: Sequence[Rule], keep: Sequence[str]) -> DataFrame:

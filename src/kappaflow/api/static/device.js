@@ -51,7 +51,8 @@ export function g(x, digits) {
 
 /** An alert's explanation in a few words, as kappaflow.iot.alerts.explanation says it. */
 export function explanation(alert) {
-  const value = number(alert.value);
+  // A real-time alert's reading is `seen` (its `value` is the score its rule compared).
+  const value = number(alert.seen !== undefined ? alert.seen : alert.value);
   if (value === null) return "";
   let words = `${g(value, 4)} seen`;
   const low = number(alert.expected_low);

@@ -278,7 +278,9 @@ def test_the_iot_application_on_a_standalone_cluster(
 
         later = wait_for(scored, timeout=300, what="the later readings' scores")
         assert all(s["model_version"] for s in later), "scored with the published model"
-        assert min(s["score"] for s in later[60:63]) >= 0.5 > max(s["score"] for s in later[:55])
+        # The spike's first reading alarms; the default model (likelihood) alarms once
+        # per incident, holding the two after it below the alert score.
+        assert later[60]["score"] >= 0.5 > max(s["score"] for s in later[:55])
 
         def alerted() -> list[dict[str, Any]] | None:
             raised = [a for a in topic_values(serving, t["alerts"]) if a["rule"] == "anomaly"]

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from conftest import Result, error_line, run_kappaflow
 from pg_server import pg  # noqa: F401 (a fixture: see its uses)
+from pyspark.sql import SparkSession
 
+import kappaflow as kf
 from kappaflow.kafka.connect import postgres_connector_config, worker_properties
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.postgresql.server import connect
@@ -216,3 +219,74 @@ def _status_of(settings: Settings) -> str:
     result = run_kappaflow(settings, "connect", "status", "--json")
     assert result.code == 0, result.err
     return str(json.loads(result.out)["state"])
+
+
+@dataclass
+class Sale:
+    sku: str
+    at: kf.EventTime
+
+
+@dataclass
+class Product:
+    sku: str
+    name: str
+    price: str
+
+
+def sales_named(job: kf.Job) -> None:
+    products = job.changes("shop.public.products", Product, key="sku")
+    job.source("sales", Sale, key="sku").join(products).to(kf.topic("named"))
+
+
+def _change(op: str, before: Any, after: Any) -> kf.testing.Record:
+    key = (after or before)["sku"]
+    envelope = {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": 1_795_428_000_000,
+        "source": {"table": "products", "lsn": 1},
+    }
+    return kf.testing.Record(envelope, key=json.dumps({"sku": key}))
+
+
+def test_a_change_stream_is_a_table_its_deletes_and_tombstones_remove_rows(
+    spark: SparkSession,
+) -> None:
+    pen = {"sku": "pen", "name": "Pen", "price": "1.50"}
+    ink = {"sku": "ink", "name": "Ink", "price": "4.00"}
+    cup = {"sku": "cup", "name": "Cup", "price": "3.00"}
+    changes = [
+        [
+            _change("r", None, pen),
+            _change("c", None, ink),
+            _change("c", None, cup),
+            _change("u", pen, {**pen, "price": "1.75"}),
+            _change("d", {"sku": "ink", "name": "", "price": ""}, None),
+            kf.testing.Record(None, key=json.dumps({"sku": "ink"})),  # the tombstone
+            # Connect's schema beside the envelope: read as well.
+            kf.testing.Record(
+                {"schema": {}, "payload": {"before": cup, "after": {**cup, "name": "Mug"}}},
+                key=json.dumps({"sku": "cup"}),
+            ),
+        ]
+    ]
+    sales = [
+        [
+            {"sku": "pen", "at": "2026-11-23T10:00:00Z"},
+            {"sku": "ink", "at": "2026-11-23T10:00:01Z"},
+            {"sku": "cup", "at": "2026-11-23T10:00:02Z"},
+        ]
+    ]
+    out = kf.testing.run(
+        sales_named, {"shop.public.products": changes, "sales": sales}, spark=spark
+    )
+    named = sorted(out.records("named"), key=lambda r: str(r["sku"]))
+    assert named == [
+        {"sku": "cup", "at": "2026-11-23T10:00:02.000Z", "name": "Mug", "price": "3.00"},
+        # Deleted: a left join finds no row.
+        {"sku": "ink", "at": "2026-11-23T10:00:01.000Z"},
+        {"sku": "pen", "at": "2026-11-23T10:00:00.000Z", "name": "Pen", "price": "1.75"},
+    ]
+    assert out.dead_letters == []

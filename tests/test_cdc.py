@@ -113,6 +113,11 @@ def test_the_worker_runs_once_and_says_its_state(worker: Settings) -> None:
     found = _status(worker)
     assert found["state"] == "running"
     assert found["url"] == worker.connect.url
+    # `kappaflow status` lists it while it runs.
+    listed = _kf(worker, "status", "--json")
+    assert listed.code == 0, listed.err
+    rows = {row["service"]: row for row in map(json.loads, listed.out.splitlines())}
+    assert (rows["connect"]["state"], rows["connect"]["address"]) == ("running", worker.connect.url)
     again = _kf(worker, "connect", "start")
     assert again.code == 0, again.err
     assert "connect already running" in again.err

@@ -175,6 +175,9 @@ def test_rows_changed_in_postgres_reach_the_topic_in_order_through_a_worker_rest
         (3, "d", None),
         ("tombstone", 3),
     ]
+    deleted = _kf(worker, "connect", "delete", name)
+    assert deleted.code == 0 and f"connector {name} deleted" in deleted.err, deleted.err
+    assert name not in _status(worker)["connectors"]
 
 
 def test_a_connector_is_debeziums_postgres_connector_on_pgoutput_with_a_slot_of_its_own(

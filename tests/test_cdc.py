@@ -68,9 +68,9 @@ def worker(cdc: Settings) -> Iterator[Settings]:
     """The module's Connect worker, started by the CLI (and stopped by it after)."""
     assert _status(cdc)["state"] == "stopped"
     started = _kf(cdc, "connect", "start")
-    assert started.code == 0, started.err
-    assert f"connect started: {cdc.connect.url}" in started.err
     try:
+        assert started.code == 0, started.err
+        assert f"connect started: {cdc.connect.url}" in started.err
         yield cdc
     finally:
         _kf(cdc, "connect", "stop")

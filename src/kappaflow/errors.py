@@ -294,6 +294,20 @@ class CheckpointRewindError(KafkaClusterError):
     code = "KF423"
 
 
+class ConnectStartError(KafkaClusterError):
+    """The Kafka Connect worker exited during start-up, or its REST API did not answer
+    within its deadline; it was stopped."""
+
+    code = "KF424"
+
+
+class ConnectRequestError(KafkaClusterError):
+    """The Kafka Connect worker does not run, or refused a request to its REST API (a
+    connector's configuration, a name taken or unknown), or a connector failed."""
+
+    code = "KF425"
+
+
 # KF5xx: input given to a command (values, times, options of a counting job).
 
 

@@ -15,6 +15,7 @@ from typing import Final, Literal
 
 from kappaflow.api.server import EmbeddedApi
 from kappaflow.kafka.broker import EmbeddedBroker
+from kappaflow.kafka.connect import ConnectWorker
 from kappaflow.kafka.mirror import Mirror
 from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.postgresql.server import EmbeddedPostgres, redacted
@@ -67,7 +68,8 @@ def up(settings: Settings) -> list[str]:
 
 def down(settings: Settings) -> list[str]:
     """Stop the kappaflow service and every embedded service: a Spark standalone cluster
-    and MirrorMaker where they run (`kappaflow spark start`, `kappaflow mirror start`),
+    MirrorMaker and the Kafka Connect worker where they run (`kappaflow spark start`,
+    `kappaflow mirror start`, `kappaflow connect start`),
     the MQTT broker (it feeds Kafka through the bridge), then Redis (jobs write to it),
     then the Kafka broker."""
     done: list[str] = []
@@ -78,6 +80,10 @@ def down(settings: Settings) -> list[str]:
     mirror = Mirror(settings)
     if mirror.process.status().state is ProcState.RUNNING and mirror.stop():
         done.append("mirror stopped")
+    # Before PostgreSQL and Kafka, which it reads and writes.
+    worker = ConnectWorker(settings)
+    if worker.process.status().state is ProcState.RUNNING and worker.stop():
+        done.append("connect stopped")
     if settings.mqtt.embedded:
         stopped = EmbeddedMqtt(settings).stop()
         done.append(f"mqtt {'stopped' if stopped else 'was not running'}")
@@ -162,4 +168,8 @@ def status(settings: Settings) -> list[ServiceRow]:
         plan = mirror.plan()
         address = f"to {plan.backup}" if plan is not None else ""
         rows.append(ServiceRow("mirror", copying.state, address, copying.pid))
+    worker = ConnectWorker(settings)
+    capturing = worker.process.status()
+    if capturing.state is ProcState.RUNNING:
+        rows.append(ServiceRow("connect", capturing.state, worker.url, capturing.pid))
     return rows

@@ -415,6 +415,30 @@ class MirrorSettings(_Section):
         )
 
 
+class ConnectSettings(_Section):
+    """The Kafka Connect worker for change data capture (``kappaflow connect start``): a
+    distributed-mode worker whose configuration, offsets and status live in topics of the
+    configured Kafka, with Debezium's PostgreSQL connector on its plugin path."""
+
+    host: str = Field(default="127.0.0.1", description="address its REST API listens on")
+    # Not 8083: Connect's default, which another worker on the machine may hold.
+    port: int = Field(default=18083, ge=1, le=65535, description="its REST API's port")
+    group_id: str = Field(
+        default="kappaflow-connect",
+        description="the Connect cluster's group; it names its internal topics too",
+    )
+    replication_factor: int = Field(
+        default=-1,
+        ge=-1,
+        description="replicas of its internal topics (-1: the cluster's default)",
+    )
+    heap: str = Field(default="512m", description="the worker's JVM heap (-Xmx)")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
 class Settings(BaseSettings):
     """Everything configurable in kappaflow, validated once, immutable afterwards."""
 
@@ -449,6 +473,7 @@ class Settings(BaseSettings):
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     mirror: MirrorSettings = Field(default_factory=MirrorSettings)
+    connect: ConnectSettings = Field(default_factory=ConnectSettings)
 
     @model_validator(mode="after")
     def _remembered_nodes(self) -> Settings:

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "acls": ("kappaflow.cli.access", "acls"),
     "spark": ("kappaflow.cli.spark", "spark"),
     "mirror": ("kappaflow.cli.mirror", "mirror"),
+    "connect": ("kappaflow.cli.connect", "connect"),
 }
 
 

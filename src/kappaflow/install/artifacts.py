@@ -2,7 +2,8 @@
 
 Separate sets, because the broker and Spark pin different Scala, Jackson and slf4j
 versions and must never share a classpath: the Kafka broker's runtime classpath, the
-four connector jars Spark needs on top of what PySpark ships, and MirrorMaker 2's.
+four connector jars Spark needs on top of what PySpark ships, MirrorMaker 2's, and the
+Kafka Connect worker's with Debezium's PostgreSQL connector as its plugin.
 Another distribution can describe a set of its own (a :class:`JarSet` whose POM it
 ships) and :func:`resolve` it the same way.
 """
@@ -57,6 +58,12 @@ class JarSet:
 KAFKA_BROKER = JarSet("kafka", "kafka-broker.xml")
 #: MirrorMaker 2, for replication to a backup cluster (kafka/mirror.py): a JVM of its own.
 KAFKA_MIRROR = JarSet("mirror", "kafka-mirror.xml")
+#: The Kafka Connect worker for change data capture (kafka/connect.py): a JVM of its own.
+KAFKA_CONNECT = JarSet("connect", "kafka-connect.xml")
+#: The folder the Connect worker's ``plugin.path`` names: one folder per plugin in it.
+CONNECT_PLUGINS = "connect-plugins"
+#: Debezium's PostgreSQL connector, a plugin of that worker (isolated by Connect).
+DEBEZIUM_POSTGRES = JarSet(f"{CONNECT_PLUGINS}/debezium-postgres", "debezium-postgres.xml")
 SPARK_CONNECTOR = JarSet(
     "spark",
     "spark-kafka.xml",
@@ -83,10 +90,22 @@ def kafka_mirror_jars(settings: Settings) -> list[Path]:
     return KAFKA_MIRROR.jars(settings)
 
 
+def kafka_connect_jars(settings: Settings) -> list[Path]:
+    return KAFKA_CONNECT.jars(settings)
+
+
+def connect_plugin_path(settings: Settings) -> Path:
+    """The Connect worker's plugin path, once Debezium's connector is resolved in it."""
+    DEBEZIUM_POSTGRES.jars(settings)
+    return (settings.jars_path / CONNECT_PLUGINS).resolve()
+
+
 def resolve_all(settings: Settings) -> list[str]:
     """Resolve every jar set setup provides that is missing or whose POM changed; return
     what was done."""
-    return resolve(settings, (KAFKA_BROKER, SPARK_CONNECTOR, KAFKA_MIRROR))
+    return resolve(
+        settings, (KAFKA_BROKER, SPARK_CONNECTOR, KAFKA_MIRROR, KAFKA_CONNECT, DEBEZIUM_POSTGRES)
+    )
 
 
 def resolve(settings: Settings, jar_sets: tuple[JarSet, ...]) -> list[str]:
@@ -110,7 +129,7 @@ def resolve(settings: Settings, jar_sets: tuple[JarSet, ...]) -> list[str]:
         for jar_set in pending:
             pom = poms / jar_set.pom_resource
             pom.write_text(jar_set.pom_text())
-            staging = poms / f"{jar_set.name}-jars"
+            staging = poms / f"{jar_set.name.replace('/', '-')}-jars"
             copy_dependencies(
                 mvn,
                 pom=pom,
@@ -123,6 +142,7 @@ def resolve(settings: Settings, jar_sets: tuple[JarSet, ...]) -> list[str]:
             target = jar_set.directory(settings)
             if target.exists():
                 shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(staging), target)
             done.append(f"{jar_set.name}: {len(list(target.glob('*.jar')))} jars in {target}")
     return done

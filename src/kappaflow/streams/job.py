@@ -169,6 +169,29 @@ class Job:
         self.tables.append(found)
         return found
 
+    def changes(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
+        """A topic of Debezium's change events (``kappaflow connect create``: inserts,
+        updates and deletes of a database table) as a reference table of ``schema``
+        records, one row per value of the ``key`` fields, to join streams with
+        (``Stream.join``), as ``table`` is.
+
+        Each event's ``after`` is the row; a delete (``after`` null) and the tombstone
+        after it remove the row. ``schema`` names the table's columns (as Debezium writes
+        them: a ``timestamp`` column in microseconds since the epoch, a decimal as a
+        string). A record that does not parse leaves its key out of the table and goes to
+        the job's dead-letter topic.
+        """
+        found = kafka_table(
+            self._reader,
+            self.spark,
+            topic,
+            schema,
+            (key,) if isinstance(key, str) else tuple(key),
+            envelope=True,
+        )
+        self.tables.append(found)
+        return found
+
     def table_from_lake(self, path: str, *, key: str | Sequence[str]) -> Reference:
         """The Parquet files under ``path`` as a reference table by the ``key`` columns,
         read once when the job is declared."""

@@ -139,9 +139,17 @@ class Reference:
 
 
 def kafka_table(
-    reader: Reader, spark: SparkSession, topic: str, schema: type, keys: tuple[str, ...]
+    reader: Reader,
+    spark: SparkSession,
+    topic: str,
+    schema: type,
+    keys: tuple[str, ...],
+    *,
+    envelope: bool = False,
 ) -> Reference:
-    """The compacted topic ``topic`` as a table of ``schema`` records by ``keys``."""
+    """The compacted topic ``topic`` as a table of ``schema`` records by ``keys``; with
+    ``envelope``, a topic of Debezium's change events, each read as its row after the
+    change (:func:`after_change`)."""
     if not keys:
         raise JoinSpecError(f"table {topic!r}: give key=..., the fields that identify a row")
     nested = next((k for k in keys if "." in k), None)
@@ -152,13 +160,31 @@ def kafka_table(
         record.field(path)
     source = Source(topic, record, keys, "", None, 0, 0, "earliest", schema)
     raw = reader.table(spark, topic)
+    if envelope:
+        raw = after_change(raw)
     rows = _latest(raw.where(F.col("key").isNotNull()), ["key"], ["partition", "offset"])
     present = rows.unionByName(raw.where(F.col("key").isNull())).where(F.col("value").isNotNull())
     parsed = parse_records(present, record, time=None, keys=keys)
     stream = reader.stream(spark, topic, "earliest")
+    if envelope:
+        stream = after_change(stream)
     verdicts = parse_records(stream.where(F.col("value").isNotNull()), record, time=None, keys=keys)
     table = _rows(parsed, keys, record)
     return Reference(topic, keys, table, source=source, parsed=verdicts, records=parsed)
+
+
+def after_change(raw: DataFrame) -> DataFrame:
+    """Kafka records of Debezium's change events with each value replaced by the row as
+    the change left it: the envelope's ``after`` for an insert, an update or a snapshot's
+    row (``op`` c, u, r), null for a delete (``after`` is null) and for a tombstone. A
+    table then reads them as it reads a compacted topic: the last value per Kafka key (the
+    row's primary key) wins, a null one deletes. Envelopes with Connect's schema beside
+    them (``{"schema": ..., "payload": {...}}``) are read too."""
+    text = F.col("value").cast("string")
+    after = F.coalesce(
+        F.get_json_object(text, "$.payload.after"), F.get_json_object(text, "$.after")
+    )
+    return raw.withColumn("value", after.cast("binary"))
 
 
 def _rows(records: DataFrame, keys: tuple[str, ...], record: RecordSchema) -> DataFrame:

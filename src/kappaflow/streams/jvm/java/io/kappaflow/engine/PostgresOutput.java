@@ -167,10 +167,7 @@ public final class PostgresOutput {
                   "UPDATE kappaflow_markers SET rows = ? WHERE job = ? AND output = ? AND batch = ?"
                       + " AND partition = ?")) {
             done.setLong(1, n);
-            done.setString(2, job);
-            done.setString(3, output);
-            done.setLong(4, batchId);
-            done.setInt(5, partition);
+            bindMarker(done, 2, batchId, partition);
             done.executeUpdate();
           }
           conn.commit();
@@ -189,25 +186,28 @@ public final class PostgresOutput {
           conn.prepareStatement(
               "INSERT INTO kappaflow_markers (job, output, batch, partition, rows, written_at)"
                   + " VALUES (?, ?, ?, ?, 0, now()) ON CONFLICT DO NOTHING")) {
-        mark.setString(1, job);
-        mark.setString(2, output);
-        mark.setLong(3, batchId);
-        mark.setInt(4, partition);
+        bindMarker(mark, 1, batchId, partition);
         if (mark.executeUpdate() == 0) {
           return false;
         }
       }
       try (PreparedStatement prune =
           conn.prepareStatement(
-              "DELETE FROM kappaflow_markers WHERE job = ? AND output = ? AND partition = ?"
-                  + " AND batch < ?")) {
-        prune.setString(1, job);
-        prune.setString(2, output);
-        prune.setInt(3, partition);
-        prune.setLong(4, batchId - 1);
+              "DELETE FROM kappaflow_markers WHERE job = ? AND output = ? AND batch < ?"
+                  + " AND partition = ?")) {
+        bindMarker(prune, 1, batchId - 1, partition);
         prune.executeUpdate();
       }
       return true;
+    }
+
+    /** Binds (job, output, batch, partition) to four parameters from {@code first}. */
+    private void bindMarker(PreparedStatement statement, int first, long batch, int partition)
+        throws SQLException {
+      statement.setString(first, job);
+      statement.setString(first + 1, output);
+      statement.setLong(first + 2, batch);
+      statement.setInt(first + 3, partition);
     }
   }
 

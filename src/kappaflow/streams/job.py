@@ -35,6 +35,7 @@ from kappaflow.streams.joins import Reference, join_stream, join_table, kafka_ta
 from kappaflow.streams.model import (
     _VERDICT,
     BOOKKEEPING,
+    REPLAY_COLUMN,
     Reader,
     Side,
     Source,
@@ -152,7 +153,7 @@ class Job:
         )
         self.sources.append(found)
         raw = self._reader.stream(self.spark, topic, start)
-        parsed = parse_records(raw, record, time=time_field, keys=keys, id=id)
+        parsed = parse_records(raw, record, time=time_field, keys=keys, id=id, replays_of=self.name)
         return Stream(self, found, parsed)
 
     def table(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
@@ -228,6 +229,8 @@ class Stream:
         # Dead letters travel with the first output of a source (runtime.py); derived
         # streams hold only the records that parsed.
         self._parsed = frame
+        # Which replayed dead letter a record is: counted from ``parsed`` only.
+        frame = frame.drop(REPLAY_COLUMN)
         self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
         self._whole = not clean
         #: A processed stream's rows as the runtime writes them (stateful_plan.py).

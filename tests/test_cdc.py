@@ -11,7 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import Result, error_line, run_kappaflow
@@ -298,3 +298,47 @@ def test_a_change_stream_is_a_table_its_deletes_and_tombstones_remove_rows(
         {"sku": "pen", "at": "2026-11-23T10:00:00.000Z", "name": "Pen", "price": "1.75"},
     ]
     assert out.dead_letters == []
+
+
+@pytest.mark.long
+def test_deleting_a_connector_drops_its_replication_slot_and_publication(
+    worker: Settings,
+) -> None:
+    """An orphaned slot holds PostgreSQL's log forever: `connect delete` drops it, and the
+    publication the connector created, once the connector's task has let go of it;
+    `--keep-slot` keeps them."""
+    dsn = worker.postgres.effective_dsn
+
+    def slots_and_publications(ident: str) -> tuple[int, int]:
+        with connect(dsn) as conn:
+            slots = conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (ident,)
+            ).fetchone()
+            publications = conn.execute(
+                "SELECT count(*) FROM pg_publication WHERE pubname = %s", (ident,)
+            ).fetchone()
+        assert slots is not None and publications is not None
+        return cast(int, slots[0]), cast(int, publications[0])
+
+    for keep in (False, True):
+        name = f"drop{uuid.uuid4().hex[:6]}"
+        table = f"items_{name}"
+        with connect(dsn) as conn:
+            conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text NOT NULL)")
+        created = _kf(worker, "connect", "create", name, "--postgres", dsn, "--tables", table)
+        assert created.code == 0, created.err
+        assert slots_and_publications(f"kf_{name}") == (1, 1)
+
+        deleted = _kf(worker, "connect", "delete", name, *(["--keep-slot"] if keep else []))
+
+        assert deleted.code == 0, deleted.err
+        assert name not in _status(worker)["connectors"]
+        if keep:
+            assert deleted.err.strip().endswith(f"connector {name} deleted"), deleted.err
+            assert slots_and_publications(f"kf_{name}") == (1, 1)
+            with connect(dsn) as conn:  # not to leave it behind
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (f"kf_{name}",))
+        else:
+            dropped = f"dropped slot kf_{name} and publication kf_{name}"
+            assert f"connector {name} deleted; {dropped}" in deleted.err, deleted.err
+            assert slots_and_publications(f"kf_{name}") == (0, 0)

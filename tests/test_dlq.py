@@ -11,13 +11,14 @@ import os
 import signal
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from conftest import REPO, RunCli, error_line
-from dlq_jobs import CALLS_FILE, KILL_AT, orders_per_country, passed_on
+from dlq_jobs import CALLS_FILE, KILL_AT, Order, orders_per_country, passed_on
 from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -29,7 +30,9 @@ from kappaflow.jobs.from_build import start_app
 from kappaflow.jobs.status import outputs_status
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.settings import Settings
+from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.runtime import Build
+from kappaflow.streams.schema import compile_schema
 from kappaflow.waiting import wait_for
 
 PATH = os.pathsep.join(
@@ -262,3 +265,32 @@ def test_the_guide_shows_the_example_fix_as_it_is() -> None:
     [shown] = guide.split("```python\n")[1:]
     example = (REPO / "examples" / "fix_orders.py").read_text()
     assert shown.split("```")[0] in example
+
+
+def test_a_job_reads_its_own_replays_and_leaves_other_jobs_out(spark: SparkSession) -> None:
+    """Two jobs reading one topic: a dead letter replayed for one is the other's to leave
+    out, or it would count it twice (it took the record, or dead-lettered it, already)."""
+
+    def record(offset: int, headers: list[tuple[str, bytes]]) -> tuple[Any, ...]:
+        value = text(order(f"o{offset}", "ada", "DE", 1.0, f"{HOUR}:00:00Z"))
+        at = datetime(2026, 11, 23, tzinfo=UTC)
+        return (None, value, "orders", 0, offset, at, 0, headers)
+
+    schema = (
+        "key binary, value binary, topic string, partition int, offset long, "
+        "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
+    )
+    raw = spark.createDataFrame(
+        [
+            record(0, []),
+            record(1, [("kf-replay-job", b"revenue"), ("kf-replay-of", b"2:17")]),
+            record(2, [("kf-replay-job", b"other"), ("kf-replay-of", b"0:3")]),
+            record(3, [("trace", b"x")]),
+        ],
+        schema,
+    )
+    parsed = parse_records(
+        raw, compile_schema(Order), time="at", keys=["buyer"], replays_of="revenue"
+    )
+    rows = sorted(parsed.select("_kf_offset", "_kf_replay").collect())
+    assert [tuple(r) for r in rows] == [(0, None), (1, "2:17"), (3, None)]

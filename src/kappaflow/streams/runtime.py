@@ -316,6 +316,13 @@ def output_frame(
             # The Python operators' rows come packed; the engine's Java operator's do not.
             rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
             packed = True
+        elif carried and not real_time:
+            # The Java operators send a replayed dead letter out as a replay row, and name
+            # the dead letter a replay that failed again replays, in the key column.
+            apart = F.col("kind").isin(DEAD, REPLAY)
+            rows = rows.withColumn("replay", F.when(apart, F.col("key"))).withColumn(
+                "key", F.when(~apart, F.col("key"))
+            )
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:
@@ -339,11 +346,11 @@ def output_frame(
     frame = _shaped(rows)
     if dead_letters and not carried:
         frame = frame.unionByName(_shaped(_dead_letters(stream.parsed, replays=True)))
-    elif carried and output.aggregate is not None and not real_time:
-        # The window operator passes dead letters but knows nothing of replays: the
-        # source's replayed dead letters are read again here (a second read of the
-        # source, filtered to them), to be counted. Real-time mode takes no union after
-        # a stateful operator: there they are not counted.
+    elif carried and packed:
+        # The Python window operators know nothing of replays: the source's replayed dead
+        # letters are read again here (a second read of the source, filtered to them), to
+        # be counted. Real-time mode runs the Java operators, which count them only in
+        # micro-batches.
         frame = frame.unionByName(_shaped(_replays(stream.parsed)))
     for refused in rejects:
         frame = frame.unionByName(_shaped(_dead_letters(refused)))

@@ -178,6 +178,7 @@ def test_dead_letters_are_shown_fixed_replayed_and_counted_once(
         bad[3],
     )
     assert new.source_offset is not None and new.source_offset > 6
+    assert new.replay_of == by_value[bad[3].decode()]
 
 
 @pytest.mark.long

@@ -11,7 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import Result, error_line, run_kappaflow
@@ -298,3 +298,178 @@ def test_a_change_stream_is_a_table_its_deletes_and_tombstones_remove_rows(
         {"sku": "pen", "at": "2026-11-23T10:00:00.000Z", "name": "Pen", "price": "1.75"},
     ]
     assert out.dead_letters == []
+
+
+@pytest.mark.long
+def test_deleting_a_connector_drops_its_replication_slot_and_publication(
+    worker: Settings,
+) -> None:
+    """An orphaned slot holds PostgreSQL's log forever: `connect delete` drops it, and the
+    publication the connector created, once the connector's task has let go of it;
+    `--keep-slot` keeps them."""
+    dsn = worker.postgres.effective_dsn
+
+    def slots_and_publications(ident: str) -> tuple[int, int]:
+        with connect(dsn) as conn:
+            slots = conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (ident,)
+            ).fetchone()
+            publications = conn.execute(
+                "SELECT count(*) FROM pg_publication WHERE pubname = %s", (ident,)
+            ).fetchone()
+        assert slots is not None and publications is not None
+        return cast(int, slots[0]), cast(int, publications[0])
+
+    for keep in (False, True):
+        name = f"drop{uuid.uuid4().hex[:6]}"
+        table = f"items_{name}"
+        with connect(dsn) as conn:
+            conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text NOT NULL)")
+        created = _kf(worker, "connect", "create", name, "--postgres", dsn, "--tables", table)
+        assert created.code == 0, created.err
+        assert slots_and_publications(f"kf_{name}") == (1, 1)
+
+        deleted = _kf(worker, "connect", "delete", name, *(["--keep-slot"] if keep else []))
+
+        assert deleted.code == 0, deleted.err
+        assert name not in _status(worker)["connectors"]
+        if keep:
+            assert deleted.err.strip().endswith(f"connector {name} deleted"), deleted.err
+            assert slots_and_publications(f"kf_{name}") == (1, 1)
+            with connect(dsn) as conn:  # not to leave it behind
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (f"kf_{name}",))
+        else:
+            dropped = f"dropped slot kf_{name} and publication kf_{name}"
+            assert f"connector {name} deleted; {dropped}" in deleted.err, deleted.err
+            assert slots_and_publications(f"kf_{name}") == (0, 0)
+
+
+def changes_per_op(job: kf.Job) -> None:
+    """Changes of the products table per operation and minute of commit time; and every
+    change as it is, priced or not."""
+    changes = job.change_stream("shop.public.products", Product, key="sku", watermark="0s")
+    per_op = changes.window(tumbling="1m").aggregate("per_op", by="op", n=kf.count())
+    per_op.to(kf.topic())
+    changes.to(kf.topic("changes"), name="changes")
+
+
+def _envelope(op: str, before: Any, after: Any, ts_ms: int, lsn: int) -> dict[str, Any]:
+    return {
+        "before": before,
+        "after": after,
+        "op": op,
+        # When Debezium read it, later than the commit (the source's ts_ms).
+        "ts_ms": ts_ms + 250,
+        "source": {"table": "products", "lsn": lsn, "ts_ms": ts_ms},
+    }
+
+
+def test_a_change_stream_gives_each_change_as_an_event_with_op_time_and_lsn(
+    spark: SparkSession,
+) -> None:
+    minute = 1_795_428_000_000  # 2026-11-23T10:00:00Z
+    pen = {"sku": "pen", "name": "Pen", "price": "1.50"}
+    ink = {"sku": "ink", "name": "Ink", "price": "4.00"}
+    key = json.dumps({"sku": "pen"})
+    changes = [
+        [
+            kf.testing.Record(_envelope("r", None, pen, minute + 1_000, 10), key=key),
+            kf.testing.Record(_envelope("c", None, ink, minute + 2_000, 20), key=key),
+            kf.testing.Record(
+                _envelope("u", pen, {**pen, "price": "1.75"}, minute + 3_000, 30), key=key
+            ),
+            # A delete's before holds the key only (REPLICA IDENTITY DEFAULT).
+            kf.testing.Record(
+                _envelope(
+                    "d", {"sku": "ink", "name": None, "price": None}, None, minute + 4_000, 40
+                ),
+                key=key,
+            ),
+            kf.testing.Record(None, key=key),  # the delete's tombstone: not a change
+            # Connect's schema beside the envelope.
+            kf.testing.Record(
+                {"schema": {}, "payload": _envelope("c", None, pen, minute + 61_000, 50)}, key=key
+            ),
+            "not a change",
+        ]
+    ]
+    out = kf.testing.run(changes_per_op, {"shop.public.products": [*changes]}, spark=spark)
+
+    events = out.records("changes")
+    assert [(e["op"], e["sku"], e.get("price"), e["lsn"], e["ts_ms"]) for e in events] == [
+        ("r", "pen", "1.50", 10, "2026-11-23T10:00:01.000Z"),
+        ("c", "ink", "4.00", 20, "2026-11-23T10:00:02.000Z"),
+        ("u", "pen", "1.75", 30, "2026-11-23T10:00:03.000Z"),
+        ("d", "ink", None, 40, "2026-11-23T10:00:04.000Z"),
+        ("c", "pen", "1.50", 50, "2026-11-23T10:01:01.000Z"),
+    ]
+    counted = {}
+    for change in sorted(out.changes("per_op"), key=lambda c: c["version"]):
+        counted[(change["op"], change["window_start"][11:16])] = change["values"]["n"]
+    assert counted == {
+        ("r", "10:00"): 1,
+        ("c", "10:00"): 1,
+        ("u", "10:00"): 1,
+        ("d", "10:00"): 1,
+        ("c", "10:01"): 1,
+    }
+    [dead] = out.dead_letters
+    assert dead["value"] == b"not a change"
+
+
+def changes_of(job: kf.Job) -> None:
+    changes = job.change_stream(job.param("topic"), Item, key="id", watermark="0s")
+    changes.to(kf.topic(job.param("out")), name="changes")
+
+
+@dataclass
+class Item:
+    id: int
+    name: str
+
+
+@pytest.mark.long
+def test_a_change_stream_of_a_captured_table_on_the_real_components(
+    worker: Settings, spark: SparkSession
+) -> None:
+    """Debezium's own envelopes, through a job's change stream: each insert, update and
+    delete once, in commit order, with its commit time and its LSN."""
+    from kappaflow.jobs.contract import JobContext
+    from kappaflow.jobs.from_build import start_app
+
+    name = f"cs{uuid.uuid4().hex[:6]}"
+    table = f"items_{name}"
+    dsn = worker.postgres.effective_dsn
+    with connect(dsn) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text NOT NULL)")
+        conn.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+    created = _kf(worker, "connect", "create", name, "--postgres", dsn, "--tables", table)
+    assert created.code == 0, created.err
+    with connect(dsn) as conn:
+        conn.execute(f"INSERT INTO {table} VALUES (2, 'two')")
+        conn.execute(f"UPDATE {table} SET name = 'uno' WHERE id = 1")
+        conn.execute(f"DELETE FROM {table} WHERE id = 2")
+    topic, out = f"{name}.public.{table}", f"{name}-changes"
+    _envelopes(worker, topic, 5)
+    params = {"topic": topic, "out": out}
+    queries = start_app(changes_of, JobContext(f"job-{name}", params, spark, worker))
+    try:
+        # The job's topic has several partitions: the snapshot's row, then the changes in
+        # commit order, by LSN (a snapshot's LSN is where the snapshot was read).
+        found = _envelopes(worker, out, 4)
+        events = sorted((v for _, v in found), key=lambda e: (e["op"] != "r", e["lsn"]))
+    finally:
+        for query in queries:
+            query.stop()
+        _kf(worker, "connect", "delete", name)
+    assert [(e["op"], e["id"], e.get("name")) for e in events] == [
+        ("r", 1, "one"),
+        ("c", 2, "two"),
+        ("u", 1, "uno"),
+        # The delete's before: the key, and Debezium's placeholder for a NOT NULL column.
+        ("d", 2, ""),
+    ]
+    lsns = [e["lsn"] for e in events]
+    assert all(isinstance(n, int) and n > 0 for n in lsns) and len(set(lsns[1:])) == 3
+    times = [e["ts_ms"] for e in events]
+    assert all(t.endswith("Z") for t in times) and times[1:] == sorted(times[1:])

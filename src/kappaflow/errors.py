@@ -807,6 +807,30 @@ class StateAfterStreamJoinError(StreamError):
     code = "KF754"
 
 
+# KF770-KF779: a job's dead letters, listed and replayed (jobs/dead_letters.py).
+
+
+class NoDeadLettersError(StreamError, LookupError):
+    """The job has no dead-letter topic: no job of that name has run on the cluster."""
+
+    code = "KF770"
+    exit_code = 1
+
+
+class FixFunctionError(StreamError):
+    """``--fix`` does not name an importable function as ``MODULE:FUNCTION``."""
+
+    code = "KF771"
+
+
+class FixFailedError(StreamError, RuntimeError):
+    """A replay's fix function raised, or returned something other than bytes or None;
+    the dead letters of the transaction it was in are not replayed."""
+
+    code = "KF772"
+    exit_code = 1
+
+
 # KF8xx: the HTTP APIs. Each class has the HTTP status its answer carries.
 
 

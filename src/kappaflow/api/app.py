@@ -7,6 +7,7 @@ status of its kind (docs/errors.md). The OpenAPI description is at ``/openapi.js
 - ``GET /v1/jobs``, ``GET /v1/jobs/{job}``: the jobs; one job's record, its outputs'
   accounting (events, duplicates, late, dead letters, events read) and their queries'
   last progress (rates, batch duration, watermark, state rows, lag).
+- ``GET /v1/jobs/{job}/dead-letters``: the job's dead letters (jobs/dead_letters.py).
 - ``GET /v1/jobs/{job}/outputs``: the outputs that write to the serving store, with
   their running totals; under ``/v1/jobs/{job}/outputs/{output}/``: ``keys``, a key's
   ``windows`` in a time range, the ``windows/latest`` across keys, the ``top`` keys of
@@ -147,6 +148,22 @@ def create_app(settings: Settings) -> FastAPI:
         if found.error is not None:
             return _error(found.error["code"], found.error["message"], found.error["status"])
         return {"items": found.rows}
+
+    @app.get(
+        "/v1/jobs/{job}/dead-letters",
+        summary="The job's dead letters: reason, source, original bytes, replayed or not.",
+    )
+    def job_dead_letters(
+        job: str,
+        limit: Limit = 100,
+        pending: Annotated[bool, Query(description="only those no replay has passed")] = False,
+    ) -> dict[str, Any]:
+        from kappaflow.jobs.dead_letters import dead_letters
+
+        found = dead_letters(settings, job)
+        if pending:
+            found = [letter for letter in found if not letter.replayed]
+        return {"items": [letter.as_json() for letter in found[:limit]]}
 
     def known_job(job: str) -> None:
         jobs.get(job)  # JobNotFoundError (KF601, 404) for a job never started

@@ -89,9 +89,15 @@ def create(ctx: Context, name: str, dsn: str | None, tables: str) -> None:
 
 @connect.command("delete")
 @click.argument("name")
+@click.option(
+    "--keep-slot",
+    is_flag=True,
+    help="keep the replication slot and publication in PostgreSQL (to create it again "
+    "and go on from where it was)",
+)
 @pass_context
-def delete(ctx: Context, name: str) -> None:
-    """Remove a connector; its topics stay, and its replication slot in PostgreSQL until
-    dropped (SELECT pg_drop_replication_slot('kf_NAME'))."""
-    ConnectWorker(ctx.settings).delete(name)
-    say(f"connector {name} deleted")
+def delete(ctx: Context, name: str, keep_slot: bool) -> None:
+    """Remove a connector and drop its replication slot and publication in PostgreSQL (an
+    orphaned slot holds back the database's log forever); its topics stay."""
+    dropped = ConnectWorker(ctx.settings).delete(name, keep_slot=keep_slot)
+    say(f"connector {name} deleted" + (f"; dropped {' and '.join(dropped)}" if dropped else ""))

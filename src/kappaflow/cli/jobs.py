@@ -208,7 +208,8 @@ def savepoints(ctx: Context, name: str, as_json: bool) -> None:
 def status(ctx: Context, name: str, as_json: bool) -> None:
     """Job NAME's state and, per output, its accounting and progress: events read
     (measured from the source offsets processed) and passed, duplicates, late events,
-    dead letters, records written; watermark, state size, lag, batch duration."""
+    dead letters (and replayed dead letters read back), records written; watermark,
+    state size, lag, batch duration."""
     from kappaflow.jobs.status import job_status
 
     found = job_status(ctx.settings, name)
@@ -224,6 +225,7 @@ def status(ctx: Context, name: str, as_json: bool) -> None:
         "duplicates",
         "late",
         "dead_letters",
+        "dead_letters_replayed",
         "kafka_records",
         "lake_rows",
         "event_time_watermark",

@@ -45,7 +45,8 @@ class KafkaReader:
         self.settings = settings
 
     def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
-        return read_stream(spark, self.settings, topic, starting_offsets=start)
+        # With headers: a replayed dead letter is marked in them (jobs/dead_letters.py).
+        return read_stream(spark, self.settings, topic, starting_offsets=start, headers=True)
 
     def table(self, spark: SparkSession, topic: str) -> DataFrame:
         # Earliest to latest offsets, resolved each time Spark plans the read: in a

@@ -25,7 +25,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kappaflow.errors import (
     ConnectRequestError,
@@ -45,6 +47,9 @@ from kappaflow.waiting import wait_for
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 CREATE_TIMEOUT_S = 120.0
+#: How long a deleted connector's task may hold its replication slot before the walsender
+#: holding it is ended, so the slot can be dropped.
+SLOT_RELEASE_TIMEOUT_S = 30.0
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 
@@ -162,9 +167,26 @@ class ConnectWorker:
         self.wait_running(name, timeout=timeout)
         return {k: v for k, v in config.items() if k != "database.password"}
 
-    def delete(self, name: str) -> None:
-        """Remove a connector (its replication slot stays in PostgreSQL until dropped)."""
+    def delete(
+        self, name: str, *, keep_slot: bool = False, timeout: float = SLOT_RELEASE_TIMEOUT_S
+    ) -> list[str]:
+        """Remove a connector, then drop its replication slot and the publication it
+        created in PostgreSQL (unless ``keep_slot``): an orphaned slot holds back the
+        database's log (WAL) forever. What was dropped, as ``slot NAME`` and
+        ``publication NAME``."""
+        config = self.request("GET", f"/connectors/{name}/config") or {}
         self.request("DELETE", f"/connectors/{name}")
+        if keep_slot or config.get("connector.class") != POSTGRES_CONNECTOR:
+            return []
+        try:
+            return drop_replication(config, timeout=timeout)
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConnectRequestError(
+                f"connector {name} deleted, but its replication slot "
+                f"{config.get('slot.name')!r} was not dropped ({first}): drop it with "
+                f"SELECT pg_drop_replication_slot('{config.get('slot.name')}')"
+            ) from None
 
     def wait_running(self, name: str, *, timeout: float = CREATE_TIMEOUT_S) -> None:
         """Wait until ``name`` and all its tasks run; its task's trace if one failed."""
@@ -329,6 +351,53 @@ def postgres_connector_config(name: str, dsn: str, tables: list[str]) -> dict[st
     if parts.get("password"):
         config["database.password"] = str(parts["password"])
     return config
+
+
+def drop_replication(config: dict[str, str], *, timeout: float) -> list[str]:
+    """Drop the replication slot of a deleted PostgreSQL connector's ``config`` once its
+    task has let go of it (the slot is released when the task stops; after ``timeout``
+    the walsender still holding it is ended), and the publication it created."""
+    conninfo = make_conninfo(
+        host=config.get("database.hostname", "127.0.0.1"),
+        port=config.get("database.port", "5432"),
+        user=config.get("database.user"),
+        dbname=config.get("database.dbname"),
+        password=config.get("database.password"),
+        connect_timeout="10",
+    )
+    slot, publication = config.get("slot.name"), config.get("publication.name")
+    dropped: list[str] = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        if slot:
+            query = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
+
+            def holder() -> int | None:
+                row = conn.execute(query, (slot,)).fetchone()
+                return None if row is None else int(row[0]) if row[0] is not None else 0
+
+            def released() -> bool | None:
+                return True if not holder() else None
+
+            try:
+                wait_for(released, timeout=timeout, interval=0.2, what=f"slot {slot} released")
+            except TimeoutError:
+                pid = holder()
+                if pid:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                wait_for(released, timeout=30, interval=0.2, what=f"slot {slot} released")
+            pid = holder()
+            if pid is not None:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                dropped.append(f"slot {slot}")
+        # Only a publication the connector created (publication.autocreate.mode).
+        if publication and config.get("publication.autocreate.mode", "all_tables") != "disabled":
+            found = conn.execute(
+                "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
+            ).fetchone()
+            if found is not None:
+                conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
+                dropped.append(f"publication {publication}")
+    return dropped
 
 
 def _escape(value: str) -> str:

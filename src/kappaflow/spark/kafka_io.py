@@ -22,8 +22,10 @@ def read_stream(
     *,
     starting_offsets: str = "earliest",
     max_offsets_per_trigger: int | None = None,
+    headers: bool = False,
 ) -> DataFrame:
-    """The records of ``topic`` as an unbounded DataFrame (Kafka's columns)."""
+    """The records of ``topic`` as an unbounded DataFrame (Kafka's columns; with
+    ``headers``, the records' headers too, which mark a replayed dead letter)."""
     reader = spark.readStream.format("kafka").options(**settings.kafka.spark_kafka_options())
     reader = (
         reader.option("subscribe", topic)
@@ -37,6 +39,8 @@ def read_stream(
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    if headers:
+        reader = reader.option("includeHeaders", "true")
     return reader.load()
 
 

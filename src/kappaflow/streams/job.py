@@ -31,10 +31,18 @@ from kappaflow.errors import (
     UnknownColumnError,
 )
 from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.joins import Reference, join_stream, join_table, kafka_table, lake_table
+from kappaflow.streams.joins import (
+    Reference,
+    change_events,
+    join_stream,
+    join_table,
+    kafka_table,
+    lake_table,
+)
 from kappaflow.streams.model import (
     _VERDICT,
     BOOKKEEPING,
+    REPLAY_COLUMN,
     Reader,
     Side,
     Source,
@@ -43,7 +51,7 @@ from kappaflow.streams.model import (
     refusal,
 )
 from kappaflow.streams.ops.parsing import parse_records
-from kappaflow.streams.schema import compile_schema
+from kappaflow.streams.schema import change_model, compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink, Sink
 from kappaflow.streams.stateful_plan import process_stream
 
@@ -130,6 +138,56 @@ class Job:
         job's late topic after. Records that do not fit the schema go to the job's
         dead-letter topic, with the reason and their original bytes.
         """
+        return self._source(
+            topic, schema, key, time, id, watermark, allowed_lateness, start, shape=None
+        )
+
+    def change_stream(
+        self,
+        topic: str,
+        schema: type,
+        *,
+        key: str | Sequence[str] = (),
+        watermark: str | int | timedelta = "10s",
+        allowed_lateness: str | int | timedelta = "0s",
+        start: str = "earliest",
+    ) -> Stream:
+        """Each change of a captured table (a topic of Debezium's change events,
+        ``kappaflow connect create``) as an event, for windows and sinks: the row's
+        ``schema`` columns as the change left them (a delete's: as they were, its key
+        columns only unless the table has ``REPLICA IDENTITY FULL``, so columns other than
+        ``key`` may be null), with ``op`` (``c`` insert, ``u`` update, ``d`` delete, ``r`` a
+        snapshot's row), ``ts_ms`` (the event time: when the database committed the
+        change) and ``lsn`` (its position in PostgreSQL's log). Tombstones are left out;
+        a record that is not a change event goes to the dead-letter topic.
+        ``job.changes`` reads the same topic as a table of the rows."""
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        model = change_model(schema, keys)
+        return self._source(
+            topic,
+            model,
+            keys,
+            "ts_ms",
+            None,
+            watermark,
+            allowed_lateness,
+            start,
+            shape=change_events,
+        )
+
+    def _source(
+        self,
+        topic: str,
+        schema: type,
+        key: str | Sequence[str],
+        time: str | None,
+        id: str | None,
+        watermark: str | int | timedelta,
+        allowed_lateness: str | int | timedelta,
+        start: str,
+        *,
+        shape: Callable[[DataFrame], DataFrame] | None,
+    ) -> Stream:
         record = compile_schema(schema)
         keys = (key,) if isinstance(key, str) else tuple(key)
         time_field = time or record.event_time
@@ -152,7 +210,9 @@ class Job:
         )
         self.sources.append(found)
         raw = self._reader.stream(self.spark, topic, start)
-        parsed = parse_records(raw, record, time=time_field, keys=keys, id=id)
+        if shape is not None:
+            raw = shape(raw)
+        parsed = parse_records(raw, record, time=time_field, keys=keys, id=id, replays_of=self.name)
         return Stream(self, found, parsed)
 
     def table(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
@@ -228,6 +288,8 @@ class Stream:
         # Dead letters travel with the first output of a source (runtime.py); derived
         # streams hold only the records that parsed.
         self._parsed = frame
+        # Which replayed dead letter a record is: counted from ``parsed`` only.
+        frame = frame.drop(REPLAY_COLUMN)
         self._frame = frame if clean else frame.where(F.col("_kf_reason").isNull())
         self._whole = not clean
         #: A processed stream's rows as the runtime writes them (stateful_plan.py).

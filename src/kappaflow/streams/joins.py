@@ -187,6 +187,48 @@ def after_change(raw: DataFrame) -> DataFrame:
     return raw.withColumn("value", after.cast("binary"))
 
 
+def change_events(raw: DataFrame) -> DataFrame:
+    """Kafka records of Debezium's change events with each value replaced by the change as
+    one flat JSON object: ``op``, ``ts_ms`` (when the database committed it: the source's
+    ``ts_ms``, else the envelope's), ``lsn`` (the source's), then the row's columns as the
+    change left them (``after``; for a delete, ``before``). Tombstones are left out (the
+    delete before each is the change); a value that is not such an envelope stays as it
+    is, to be a dead letter. Envelopes with Connect's schema beside them are read too."""
+    text = F.col("value").cast("string")
+    payload = F.coalesce(F.get_json_object(text, "$.payload"), text)
+
+    def get(path: str) -> Column:
+        return F.get_json_object(payload, path)
+
+    row = F.coalesce(get("$.after"), get("$.before"))
+    op, lsn = get("$.op"), get("$.source.lsn")
+    ts = F.coalesce(get("$.source.ts_ms"), get("$.ts_ms"))
+    held = F.col("_kf_row")
+    empty = held.rlike(r"^\s*\{\s*\}\s*$")
+    flat = F.concat(
+        F.lit('{"op": "'),
+        op,
+        F.lit('", "ts_ms": '),
+        ts,
+        F.lit(', "lsn": '),
+        F.coalesce(lsn, F.lit("null")),
+        F.when(empty, F.lit("}")).otherwise(
+            F.concat(F.lit(", "), F.expr("substring(ltrim(_kf_row), 2)"))
+        ),
+    )
+    return (
+        raw.where(F.col("value").isNotNull())
+        .withColumn("_kf_row", row)
+        .withColumn(
+            "value",
+            F.when(op.isNotNull() & ts.isNotNull() & held.startswith("{"), flat)
+            .otherwise(text)
+            .cast("binary"),
+        )
+        .drop("_kf_row")
+    )
+
+
 def _rows(records: DataFrame, keys: tuple[str, ...], record: RecordSchema) -> DataFrame:
     """A table's rows: the latest good record per value of ``keys``."""
     good = records.where(F.col("_kf_reason").isNull())

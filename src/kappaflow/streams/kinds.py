@@ -39,3 +39,6 @@ PACKED = "packed"
 #: An event as it entered a stream join: the writer sends those behind the join's
 #: watermark, which Spark's join drops, to the late topic.
 BEHIND = "behind"
+#: A replayed dead letter of the job read back from its source (its ``replay`` column
+#: says which; ``reason`` is set when it failed again): the writer counts them.
+REPLAY = "replay"

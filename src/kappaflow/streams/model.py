@@ -29,6 +29,10 @@ LOGGED = "_kf_logged"
 #: until the stream is output (``Stream.df`` leaves them out).
 _VERDICT = ("_kf_reason", "_kf_value", "_kf_topic", LOGGED)
 
+#: On a source's parsed records only: which of the job's dead letters a replayed record
+#: is (``PARTITION:OFFSET`` in ``JOB.dlq``; null for the others). See parsing.py.
+REPLAY_COLUMN = "_kf_replay"
+
 
 def logged_at() -> Column:
     """The time each record was written to Kafka, as a timestamp column: its Kafka

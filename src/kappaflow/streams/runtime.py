@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -30,8 +30,8 @@ from kappaflow.errors import (
 from kappaflow.kafka.topics import COMPACTED
 from kappaflow.streams.job import Job, Output
 from kappaflow.streams.joins import stream_joined
-from kappaflow.streams.kinds import DEAD, RECORD
-from kappaflow.streams.model import BOOKKEEPING, Reader, Source
+from kappaflow.streams.kinds import DEAD, RECORD, REPLAY
+from kappaflow.streams.model import BOOKKEEPING, REPLAY_COLUMN, Reader, Source
 from kappaflow.streams.ops.session_windows import aggregate_sessions
 from kappaflow.streams.ops.windowing import aggregate_windows, bind_aggregates
 from kappaflow.streams.output.backends import Publisher, ResultStore
@@ -72,6 +72,8 @@ OUTPUT_COLUMNS = (
     ("held", "bigint"),
     ("reason", "string"),
     ("value", "binary"),
+    # Which of the job's dead letters a replayed record is (``PARTITION:OFFSET``).
+    ("replay", "string"),
     ("row", "string"),
     # Where a late event or dead letter came from (the topic: only where it may be a
     # joined stream's rather than the output's source).
@@ -314,6 +316,13 @@ def output_frame(
             # The Python operators' rows come packed; the engine's Java operator's do not.
             rows = rows.select(F.lit("packed").alias("kind"), F.col("rows").alias("packed"))
             packed = True
+        elif carried and not real_time:
+            # The Java operators send a replayed dead letter out as a replay row, and name
+            # the dead letter a replay that failed again replays, in the key column.
+            apart = F.col("kind").isin(DEAD, REPLAY)
+            rows = rows.withColumn("replay", F.when(apart, F.col("key"))).withColumn(
+                "key", F.when(~apart, F.col("key"))
+            )
     elif stream.output_rows is not None:
         rows = stream.output_rows
     else:
@@ -329,13 +338,20 @@ def output_frame(
                 F.when(good, row).alias("row"),
                 F.col("_kf_reason").alias("reason"),
                 F.col("_kf_value").alias("value"),
+                _replay(stream.parsed).alias("replay"),
                 *position,
             )
         else:
             rows = stream.df.select(F.lit(RECORD).alias("kind"), row.alias("row"), *position)
     frame = _shaped(rows)
     if dead_letters and not carried:
-        frame = frame.unionByName(_shaped(_dead_letters(stream.parsed)))
+        frame = frame.unionByName(_shaped(_dead_letters(stream.parsed, replays=True)))
+    elif carried and packed:
+        # The Python window operators know nothing of replays: the source's replayed dead
+        # letters are read again here (a second read of the source, filtered to them), to
+        # be counted. Real-time mode runs the Java operators, which count them only in
+        # micro-batches.
+        frame = frame.unionByName(_shaped(_replays(stream.parsed)))
     for refused in rejects:
         frame = frame.unionByName(_shaped(_dead_letters(refused)))
     for join in source.joins:
@@ -344,14 +360,40 @@ def output_frame(
     return frame, packed
 
 
-def _dead_letters(parsed: DataFrame) -> DataFrame:
-    return parsed.where(F.col("_kf_reason").isNotNull()).select(
-        F.lit("dlq").alias("kind"),
+def _dead_letters(parsed: DataFrame, *, replays: bool = False) -> DataFrame:
+    """The source's records that did not parse, as ``dlq`` rows; with ``replays``, its
+    replayed dead letters that did parse too, as ``replay`` rows (counted, not sent)."""
+    dead = F.col("_kf_reason").isNotNull()
+    replay = _replay(parsed)
+    wanted = dead | replay.isNotNull() if replays else dead
+    return parsed.where(wanted).select(
+        F.when(dead, F.lit(DEAD)).otherwise(F.lit(REPLAY)).alias("kind"),
         F.col("_kf_reason").alias("reason"),
-        F.col("_kf_value").alias("value"),
+        F.when(dead, F.col("_kf_value")).alias("value"),
+        replay.alias("replay"),
         F.col("_kf_partition").alias("src_partition"),
         F.col("_kf_offset").alias("src_offset"),
     )
+
+
+def _replays(parsed: DataFrame) -> DataFrame:
+    """The source's replayed dead letters, as ``replay`` rows, with their verdict."""
+    replay = _replay(parsed)
+    return parsed.where(replay.isNotNull()).select(
+        F.lit(REPLAY).alias("kind"),
+        F.col("_kf_reason").alias("reason"),
+        replay.alias("replay"),
+        F.col("_kf_partition").alias("src_partition"),
+        F.col("_kf_offset").alias("src_offset"),
+    )
+
+
+def _replay(parsed: DataFrame) -> Column:
+    """Which dead letter each record replays (null: none; a source read without the
+    replay column, as a joined topic's, has none)."""
+    if REPLAY_COLUMN in parsed.columns:
+        return F.col(REPLAY_COLUMN)
+    return F.lit(None).cast("string")
 
 
 def _shaped(frame: DataFrame) -> DataFrame:

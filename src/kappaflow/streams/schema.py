@@ -41,6 +41,7 @@ from pyspark.sql.types import (
 
 from kappaflow.errors import (
     EventTimeFieldError,
+    InvalidJobError,
     NoSuchFieldError,
     NotARecordModelError,
     UnresolvedFieldTypeError,
@@ -151,6 +152,31 @@ def compile_schema(model: type) -> RecordSchema:
             "a record has one event time"
         )
     return RecordSchema(model.__name__, fields, times[0] if times else None)
+
+
+#: The columns a change stream (``job.change_stream``) gives each change of a row.
+CHANGE_COLUMNS = ("op", "ts_ms", "lsn")
+
+
+def change_model(model: type, keys: typing.Sequence[str]) -> type:
+    """The record type of a change stream of ``model``'s rows: ``op`` (c, u, d or r),
+    ``ts_ms`` (the event time), ``lsn`` (null if none), then the row's fields, those other
+    than ``keys`` optional (a delete's row may hold its key only)."""
+    if not _is_model(model):
+        raise NotARecordModelError(
+            f"{model!r} is not a dataclass or pydantic model class; declare the table's rows as one"
+        )
+    hints = _hints(model)
+    clash = [c for c in CHANGE_COLUMNS if c in hints]
+    if clash:
+        raise InvalidJobError(
+            f"{model.__name__} has a column named {clash[0]!r}, which a change stream "
+            f"adds to each change ({', '.join(CHANGE_COLUMNS)}): read it with job.changes"
+        )
+    fields: list[tuple[str, Any]] = [("op", str), ("ts_ms", EventTime), ("lsn", int | None)]
+    for name, annotation in hints.items():
+        fields.append((name, annotation if name in keys else annotation | None))
+    return dataclasses.make_dataclass(f"{model.__name__}Change", fields)
 
 
 def _is_model(tp: object) -> bool:

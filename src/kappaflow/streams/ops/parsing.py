@@ -64,6 +64,7 @@ from pyspark.sql.types import (
 )
 
 from kappaflow.errors import TimeFieldTypeError
+from kappaflow.streams.model import REPLAY_COLUMN
 from kappaflow.streams.schema import Field, Kind, RecordSchema
 
 _ISO = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}(:?\d{2})?)$"
@@ -112,12 +113,20 @@ def parse_records(
     time: str | None,
     keys: Sequence[str] = (),
     id: str | None = None,
+    replays_of: str | None = None,
 ) -> DataFrame:
     """Kafka source rows → the record's top-level fields, typed, then ``_kf_time`` (epoch
     ms; null without ``time``, as for a reference table's records), ``_kf_reason`` (null
     when the record is good), ``_kf_value`` (original bytes),
     ``_kf_topic``, ``_kf_partition``, ``_kf_offset`` and ``_kf_logged`` (the record's
-    Kafka timestamp). Bad records have null fields."""
+    Kafka timestamp). Bad records have null fields.
+
+    ``replays_of``: a job's name; then ``_kf_replay`` follows: where in that job's
+    dead-letter topic a replayed dead letter came from (``PARTITION:OFFSET``, from its
+    headers; null for any other record), and the dead letters of other jobs replayed into
+    the same topic are left out: they are those jobs' to count, not this one's."""
+    if replays_of is not None:
+        raw = _replays(raw, replays_of)
     nodes = _nodes(schema, time=time, keys=keys, id=id)
     settled = _fast_path(raw, nodes)
     j = F.col("_kf_j")
@@ -153,6 +162,31 @@ def parse_records(
         F.col("partition").alias("_kf_partition"),
         F.col("offset").alias("_kf_offset"),
         F.col("timestamp").alias("_kf_logged"),
+        *([F.col(REPLAY_COLUMN)] if replays_of is not None else []),
+    )
+
+
+#: The headers of a replayed dead letter (jobs/dead_letters.py writes them): the job
+#: whose dead letter it is, and the dead letter's ``PARTITION:OFFSET`` in ``JOB.dlq``.
+REPLAY_JOB_HEADER = "kf-replay-job"
+REPLAY_OF_HEADER = "kf-replay-of"
+
+
+def _header(name: str) -> Column:
+    """The text of the record's header ``name`` (null without one)."""
+    found = F.filter(F.col("headers"), lambda h: h.getField("key") == name)
+    return F.try_element_at(found, F.lit(1)).getField("value").cast("string")
+
+
+def _replays(raw: DataFrame, job: str) -> DataFrame:
+    """``raw`` with ``_kf_replay``, without the replayed dead letters of other jobs (a
+    source without headers, as the test harness's, has no replays)."""
+    if "headers" not in raw.columns:
+        return raw.withColumn(REPLAY_COLUMN, F.lit(None).cast("string"))
+    owner = _header(REPLAY_JOB_HEADER)
+    mine = owner == F.lit(job)
+    return raw.where(owner.isNull() | mine).withColumn(
+        REPLAY_COLUMN, F.when(mine, _header(REPLAY_OF_HEADER))
     )
 
 

@@ -67,6 +67,7 @@ from kappaflow.streams.ops.windowing import (
     jvm_operator,
     key_json,
     output_table,
+    replay_marker,
     spark_engine,
     values_json,
 )
@@ -111,16 +112,27 @@ def aggregate_sessions(
     if gap_ms <= 0:
         raise WindowSpecError(f"session gap must be positive, got {gap_ms} ms")
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
+    jvm = (engine or spark_engine(events)) == "jvm"
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
+    replay = replay_marker(events, dead_letters=dead_letters, jvm=jvm)
+    # A replayed dead letter that parsed goes in twice: as an event, and apart to be counted.
+    twice = replay.isNotNull() & ~dead
+    apart = dead | F.col("_kf_apart")
     selected = (
         event_time_watermark(events, watermark_ms)
+        .withColumn(
+            "_kf_apart",
+            F.explode(
+                F.when(twice, F.array(F.lit(False), F.lit(True))).otherwise(F.array(F.lit(False)))
+            ),
+        )
         .withColumn("_kf_key", key_json(keys))
         .select(
-            F.when(dead, F.lit(DEAD_SHARD))
+            F.when(apart, F.lit(DEAD_SHARD))
             .otherwise(F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)))
             .cast("int")
             .alias("shard"),
-            F.col("_kf_key").alias("key"),
+            F.when(apart, replay).otherwise(F.col("_kf_key")).alias("key"),
             F.coalesce(F.col("_kf_time"), F.lit(0)).cast("long").alias("ts"),
             (F.col(id_column).isNotNull() if id_column else F.lit(False)).alias("has_id"),
             (F.coalesce(F.xxhash64(id_column), F.lit(0)) if id_column else F.lit(0))
@@ -135,7 +147,7 @@ def aggregate_sessions(
             *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
         )
     )
-    if (engine or spark_engine(events)) == "jvm":
+    if jvm:
         return jvm_operator(
             "Sessions", selected, names, bound, gap_ms, lateness_ms, id_column is not None
         )

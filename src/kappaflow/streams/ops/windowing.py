@@ -55,6 +55,7 @@ from kappaflow.streams.kinds import (
     SHARDS,
     STATS,
 )
+from kappaflow.streams.model import REPLAY_COLUMN
 from kappaflow.streams.ops.arrow_ipc import (
     PACKED_SCHEMA,
     PackedProcessor,
@@ -145,24 +146,36 @@ def aggregate_windows(
     else:
         clock_delay_ms = None
     names, bound = bind_aggregates(events, keys, aggregates, id_column)
+    jvm = (engine or spark_engine(events)) == "jvm"
     dead = F.col("_kf_reason").isNotNull() if dead_letters else F.lit(False)
+    # Real-time mode's writer takes no replay rows: there replays are not counted.
+    replay = replay_marker(events, dead_letters=dead_letters and not real_time, jvm=jvm)
     newest = F.floor(F.col("_kf_time") / step) * step
     backs = F.sequence(F.lit(0), F.lit(size_ms // step - 1))
     windowed = (
         event_time_watermark(events, watermark_ms)
-        .withColumn("_kf_back", F.explode(F.when(dead, F.array(F.lit(0))).otherwise(backs)))
+        .withColumn(
+            "_kf_back",
+            F.explode(
+                F.when(dead, F.array(F.lit(0)))
+                # A replayed dead letter that parsed: its windows, and a row to count it.
+                .when(replay.isNotNull(), F.concat(backs, F.array(F.lit(REPLAY_BACK))))
+                .otherwise(backs)
+            ),
+        )
         .withColumn("_kf_key", F.when(~dead, key_json(keys)))
     )
+    apart = dead | (F.col("_kf_back") == REPLAY_BACK)
     selected = windowed.select(
-        F.when(dead, F.lit(DEAD_WINDOW))
+        F.when(apart, F.lit(DEAD_WINDOW))
         .otherwise(newest - F.col("_kf_back") * step)
         .cast("long")
         .alias("window_start"),
-        F.when(dead, F.lit(-1))
+        F.when(apart, F.lit(-1))
         .otherwise(F.pmod(F.xxhash64("_kf_key"), F.lit(SHARDS)))
         .cast("int")
         .alias("shard"),
-        F.col("_kf_key").alias("key"),
+        F.when(apart, replay).otherwise(F.col("_kf_key")).alias("key"),
         (F.col("_kf_back") == 0).alias("primary"),
         F.col("_kf_partition").cast("int").alias("src_partition"),
         (F.when(F.col(id_column).isNotNull(), F.xxhash64(id_column)) if id_column else F.lit(None))
@@ -176,7 +189,7 @@ def aggregate_windows(
         .alias("value"),
         *[F.col(a.column).alias(input_name(i)) for i, a in enumerate(bound) if a.column],
     )
-    if (engine or spark_engine(events)) == "jvm":
+    if jvm:
         return jvm_operator(
             "Windows",
             selected,
@@ -196,6 +209,20 @@ def aggregate_windows(
         outputMode="Update",
         timeMode="EventTime",
     )
+
+
+#: The ``_kf_back`` of a replayed dead letter's second row (aggregate_windows).
+REPLAY_BACK = -1
+
+
+def replay_marker(events: DataFrame, *, dead_letters: bool, jvm: bool) -> Column:
+    """Which dead letter each record of ``events`` replays (``PARTITION:OFFSET``), for the
+    Java operators, which send a replayed record's second row out as a ``replay`` row and a
+    dead letter's as a ``dlq`` row that names it; null where they are not asked to (the
+    caller then counts replays by a read of its own)."""
+    if dead_letters and jvm and REPLAY_COLUMN in events.columns:
+        return F.col(REPLAY_COLUMN)
+    return F.lit(None).cast("string")
 
 
 def spark_engine(events: DataFrame) -> str:

@@ -96,10 +96,15 @@ def _jc(column: Column) -> Any:
 
 def _object(fields: Sequence[tuple[str, Column]]) -> Column:
     """A JSON object of ``fields`` (each value JSON text), ``json.dumps``'s separators."""
+    return F.concat(*_members(fields), F.lit("}"))
+
+
+def _members(fields: Sequence[tuple[str, Column]]) -> list[Column]:
+    """A JSON object of ``fields`` without its closing brace."""
     parts: list[Column] = []
     for name, value in fields:
         parts += [F.lit(", " if parts else "{"), F.lit(json.dumps(name) + ": "), value]
-    return F.concat(*parts, F.lit("}"))
+    return parts
 
 
 def iso_text(millis: Column) -> Column:
@@ -207,9 +212,10 @@ def dead_letters(
 
 
 def dead_letter_value(frame: DataFrame, *, job: str, schema: str, source_topic: str) -> Column:
-    """A dead letter's record value, as text."""
+    """A dead letter's record value, as text; a replayed dead letter that failed again
+    says which one it was (``replay_of``: ``PARTITION:OFFSET`` in the dead-letter topic)."""
     value = F.col("value")
-    return _object(
+    members = _members(
         [
             ("error", _java(frame, "quote", _jc(F.col("reason")))),
             ("schema", F.lit(json.dumps(schema))),
@@ -229,6 +235,15 @@ def dead_letter_value(frame: DataFrame, *, job: str, schema: str, source_topic: 
             ),
         ]
     )
+    if "replay" in frame.columns:
+        replay = F.col("replay")
+        members.append(
+            F.when(
+                replay.isNotNull(),
+                F.concat(F.lit(', "replay_of": '), _java(frame, "quote", _jc(replay))),
+            ).otherwise(F.lit(""))
+        )
+    return F.concat(*members, F.lit("}"))
 
 
 def too_late(frame: DataFrame, source_topic: str, behind: int) -> DataFrame:

@@ -190,6 +190,9 @@ class OutputWriter:
                 "duplicates": tally.duplicates,
                 "late": late,
                 "dead_letters": tally.dead,
+                # Only once there are some: a job never replayed to shows none.
+                **({"dead_letters_replayed": tally.replayed} if tally.replayed else {}),
+                **({"replays_dead_again": tally.replays_dead} if tally.replays_dead else {}),
             }
             self._results = tally.changes + tally.records + late + tally.dead
             self._step("before-store", batch_id)
@@ -357,6 +360,10 @@ class _Tally:
     records: int
     too_late: int
     dead: int
+    #: The job's replayed dead letters read back from the source, and of those, the ones
+    #: that failed again (counted in ``dead`` too).
+    replayed: int
+    replays_dead: int
     events: int
     duplicates: int
     watermark: int
@@ -370,7 +377,10 @@ class _Tally:
         def count(condition: SparkColumn) -> SparkColumn:
             return F.count(F.when(condition, 1))
 
+        replay = F.col("replay") if "replay" in rows.columns else F.lit(None)
         groups = rows.groupBy(F.when(counted, F.col("window_start")).alias("w")).agg(
+            count(replay.isNotNull()).alias("replayed"),
+            count(replay.isNotNull() & F.col("reason").isNotNull()).alias("replays_dead"),
             count(kind.isin(*CHANGES)).alias("changes"),
             count(kind == RECORD).alias("records"),
             count(kind.isin(LATE, BEHIND)).alias("too_late"),
@@ -391,6 +401,8 @@ class _Tally:
             records=total("records"),
             too_late=total("too_late"),
             dead=total("dead"),
+            replayed=total("replayed"),
+            replays_dead=total("replays_dead"),
             events=total("events"),
             duplicates=total("duplicates"),
             watermark=max((int(g["watermark"] or 0) for g in found), default=0),

@@ -42,7 +42,10 @@ import scala.jdk.javaapi.CollectionConverters;
  * behind the watermark that touches no session still held is {@code late}.
  */
 public final class Sessions {
-  /** The shard of the records that did not parse (session_windows.py DEAD_SHARD). */
+  /**
+   * The shard of the records that did not parse (session_windows.py DEAD_SHARD), and of a
+   * replayed dead letter's second row, as in {@link Windows}.
+   */
   static final int DEAD_SHARD = -1;
   /** The window_start of a session operator's stats and closed rows (kinds.py). */
   static final long SESSIONS_WINDOW = -2L;
@@ -148,8 +151,9 @@ public final class Sessions {
           long offset = r.getLong(OFFSET);
           out.add(
               RowFactory.create(
-                  "dlq", null, 0L, 0L, null, null, 0L, 0L, 0L, 0L, 0L, r.getString(REASON),
-                  r.get(VALUE), r.getInt(PARTITION), offset, offset, null));
+                  r.isNullAt(REASON) ? "replay" : "dlq", r.getString(KEY), 0L, 0L, null, null,
+                  0L, 0L, 0L, 0L, 0L, r.getString(REASON), r.get(VALUE), r.getInt(PARTITION),
+                  offset, offset, null));
         }
         return Windows.iterator(out);
       }

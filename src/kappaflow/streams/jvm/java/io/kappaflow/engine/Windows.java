@@ -41,7 +41,9 @@ import scala.jdk.javaapi.CollectionConverters;
  * one at end + lateness forgets the window ({@code closed}); events for a forgotten window come
  * out as {@code late} rows, one per event. Every group also emits a {@code stats} row per batch.
  * Records that did not parse come in the group of window {@code DEAD_WINDOW} and go out as
- * {@code dlq} rows.
+ * {@code dlq} rows. A replayed dead letter that parsed comes in that group once more, with no
+ * reason, and goes out as a {@code replay} row; in that group the key column holds which dead
+ * letter a record replays (null: none).
  */
 public final class Windows {
   /** The group of the records that did not parse (streams/kinds.py DEAD_WINDOW). */
@@ -230,8 +232,9 @@ public final class Windows {
           long offset = r.getLong(OFFSET);
           out.add(
               RowFactory.create(
-                  "dlq", null, 0L, 0L, null, null, 0L, 0L, 0L, 0L, 0L, r.getString(REASON),
-                  r.get(VALUE), r.getInt(PARTITION), offset, offset, null));
+                  r.isNullAt(REASON) ? "replay" : "dlq", r.getString(KEY), 0L, 0L, null, null,
+                  0L, 0L, 0L, 0L, 0L, r.getString(REASON), r.get(VALUE), r.getInt(PARTITION),
+                  offset, offset, null));
         }
         return iterator(out);
       }

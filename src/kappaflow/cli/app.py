@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "spark": ("kappaflow.cli.spark", "spark"),
     "mirror": ("kappaflow.cli.mirror", "mirror"),
     "connect": ("kappaflow.cli.connect", "connect"),
+    "registry": ("kappaflow.cli.registry", "registry"),
 }
 
 

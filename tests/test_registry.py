@@ -11,11 +11,12 @@ import struct
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from conftest import Result, error_line, run_kappaflow
 from pyspark.sql import SparkSession
@@ -269,6 +270,50 @@ def test_a_record_type_that_cannot_read_the_subject_is_refused(
         kf.testing.run(coupons, {"orders": [[]]}, spark=spark, name="coupons")
     assert refused.value.code == "KF755"
     assert "'coupon'" in str(refused.value) and "no default" in str(refused.value)
+
+
+def test_an_avro_sink_that_confluent_clients_read(registry: Settings, spark: SparkSession) -> None:
+    source, sink = _subject(), _subject()
+    orders = _serialized(
+        registry,
+        source,
+        V2,
+        [
+            {"id": "a", "amount": 2.5, "at": 1_700_000_000_000, "region": "us"},
+            {"id": "b", "amount": 900.0, "at": 1_700_000_001_000, "region": "eu"},
+        ],
+    )
+    url = registry.registry.url
+
+    def big(job: kf.Job) -> None:
+        job.source("orders", Order, format=kf.avro(source, url=url), key="id").where(
+            F.col("amount") > 100
+        ).select("id", "amount", "at").to(kf.topic("big", format=kf.avro(sink, url=url)))
+
+    out = kf.testing.run(big, {"orders": [orders]}, spark=spark, name="big")
+    [(key, value)] = out.publisher.topics["big"]
+    assert json.loads(key) == ["b"]
+    registered = _registered(registry, sink, 1)
+    assert value[0] == 0 and struct.unpack(">I", value[1:5])[0] == registered.id
+    reader = AvroDeserializer(SchemaRegistryClient({"url": url}))
+    decoded = reader(value, SerializationContext("big", MessageField.VALUE))
+    assert decoded == {
+        "id": "b",
+        "amount": 900.0,
+        "at": datetime(2023, 11, 14, 22, 13, 21, tzinfo=UTC),
+    }
+
+    # The job changed to write the amount as text: a breaking change for the subject
+    # (BACKWARD), refused at the start, naming the field.
+    def as_text(job: kf.Job) -> None:
+        job.source("orders", Order, format=kf.avro(source, url=url), key="id").select(
+            "id", F.col("amount").cast("string").alias("amount"), "at"
+        ).to(kf.topic("big", format=kf.avro(sink, url=url)))
+
+    with pytest.raises(SchemaIncompatibleError) as refused:
+        kf.testing.run(as_text, {"orders": [orders]}, spark=spark, name="big")
+    assert refused.value.code == "KF755"
+    assert "'amount'" in str(refused.value) and "cannot read" in str(refused.value)
 
 
 def _registered(settings: Settings, subject: str, version: int) -> Registered:

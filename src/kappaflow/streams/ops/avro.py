@@ -22,9 +22,21 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructType,
+    TimestampType,
+)
 
-from kappaflow.errors import SchemaFormatError, SchemaIncompatibleError
-from kappaflow.registry.client import Registered
+from kappaflow.errors import RegistryRequestError, SchemaFormatError, SchemaIncompatibleError
+from kappaflow.registry.client import Registered, RegistryClient
 from kappaflow.registry.compat import can_read
 from kappaflow.streams.schema import Field, Kind, RecordSchema
 
@@ -275,3 +287,65 @@ def _reader_type(field: Field, written: Any, names: dict[str, Any]) -> Any:
     return {"int": "long", "float": "double", "str": "string", "text": "string", "bool": "boolean"}[
         field.kind
     ]
+
+
+def avro_schema_of(struct: StructType, name: str) -> dict[str, Any]:
+    """The Avro record schema of a stream's row type: every field nullable (a union with
+    null, default null), timestamps as ``timestamp-micros``."""
+    return _avro_record(struct, name)
+
+
+def register_output(url: str, subject: str, struct: StructType, name: str) -> tuple[int, str]:
+    """Register the Avro schema of ``struct`` under ``subject``: its id and text. KF755
+    with the registry's reason (naming the field) when the subject refuses it."""
+    text = json.dumps(avro_schema_of(struct, name))
+    try:
+        return RegistryClient(url).register(subject, text), text
+    except RegistryRequestError as exc:
+        if ": 409 " not in str(exc):
+            raise
+        raise SchemaIncompatibleError(
+            f"output {name}'s rows are a breaking change for subject {subject!r}: "
+            + str(exc).split(": 409 ", 1)[1]
+        ) from None
+
+
+def _avro_record(struct: StructType, name: str) -> dict[str, Any]:
+    return {
+        "type": "record",
+        "name": _avro_name(name),
+        "namespace": "kappaflow",
+        "fields": [
+            {
+                "name": f.name,
+                "type": ["null", _avro_type(f.dataType, f"{name}_{f.name}")],
+                "default": None,
+            }
+            for f in struct.fields
+        ],
+    }
+
+
+def _avro_type(kind: DataType, name: str) -> Any:
+    simple: dict[type, Any] = {
+        LongType: "long",
+        IntegerType: "int",
+        DoubleType: "double",
+        FloatType: "float",
+        StringType: "string",
+        BooleanType: "boolean",
+        TimestampType: {"type": "long", "logicalType": "timestamp-micros"},
+    }
+    if type(kind) in simple:
+        return simple[type(kind)]
+    if isinstance(kind, ArrayType):
+        inner = _avro_type(kind.elementType, name)
+        return {"type": "array", "items": ["null", inner] if kind.containsNull else inner}
+    if isinstance(kind, StructType):
+        return _avro_record(kind, name)
+    raise SchemaFormatError(f"{name}: Spark type {kind.simpleString()} has no Avro form here")
+
+
+def _avro_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return cleaned if cleaned[:1].isalpha() or cleaned[:1] == "_" else f"_{cleaned}"

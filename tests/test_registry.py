@@ -292,7 +292,7 @@ def test_an_avro_sink_that_confluent_clients_read(registry: Settings, spark: Spa
 
     out = kf.testing.run(big, {"orders": [orders]}, spark=spark, name="big")
     [(key, value)] = out.publisher.topics["big"]
-    assert json.loads(key) == ["b"]
+    assert key is not None and json.loads(key) == ["b"]
     registered = _registered(registry, sink, 1)
     assert value[0] == 0 and struct.unpack(">I", value[1:5])[0] == registered.id
     reader = AvroDeserializer(SchemaRegistryClient({"url": url}))

@@ -23,11 +23,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import kappaflow as kf
-from kappaflow.errors import SchemaIncompatibleError
+from kappaflow.errors import RegistryRequestError, SchemaFormatError, SchemaIncompatibleError
 from kappaflow.kafka.clients import producer
 from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import free_port
-from kappaflow.registry.client import Registered
+from kappaflow.registry.client import Registered, RegistryClient
 from kappaflow.registry.compat import can_read, check
 from kappaflow.settings import Settings
 
@@ -316,7 +316,51 @@ def test_an_avro_sink_that_confluent_clients_read(registry: Settings, spark: Spa
     assert "'amount'" in str(refused.value) and "cannot read" in str(refused.value)
 
 
-def _registered(settings: Settings, subject: str, version: int) -> Registered:
-    from kappaflow.registry.client import RegistryClient
+def test_a_format_that_cannot_be_used(registry: Settings, spark: SparkSession) -> None:
+    with pytest.raises(SchemaFormatError) as bad_name:
+        kf.avro("orders/value")
+    assert bad_name.value.code == "KF756"
+    url = registry.registry.url
+    proto, mapped = _subject(), _subject()
+    client = _client(registry)
+    client.register(proto, 'syntax = "proto3"; message Order { string id = 1; }', "PROTOBUF")
+    assert client.version(proto).schema_type == "PROTOBUF"
+    with_map = {
+        "type": "record",
+        "name": "M",
+        "fields": [{"name": "tags", "type": {"type": "map", "values": "string"}}],
+    }
+    client.register(mapped, json.dumps(with_map))
+    for subject, said in ((proto, "PROTOBUF schema, not Avro"), (mapped, "'tags'")):
 
+        def build(job: kf.Job, subject: str = subject) -> None:
+            job.source("t", kf.avro(subject, url=url), time="at").to(kf.topic("x"))
+
+        with pytest.raises(SchemaFormatError) as refused:
+            kf.testing.run(build, {"t": [[]]}, spark=spark)
+        assert refused.value.code == "KF756" and said in str(refused.value), str(refused.value)
+
+    def unknown(job: kf.Job) -> None:
+        job.source("t", Order, format=kf.avro("no-such-subject", url=url)).to(kf.topic("x"))
+
+    with pytest.raises(RegistryRequestError) as missing:
+        kf.testing.run(unknown, {"t": [[]]}, spark=spark)
+    assert missing.value.code == "KF431" and "404" in str(missing.value)
+
+
+def test_start_without_kafka_is_refused(offline: Settings) -> None:
+    settings = offline.model_copy(
+        update={"registry": offline.registry.model_copy(update={"port": free_port()})}
+    )
+    result = _kf(settings, "registry", "start")
+    line = error_line(result, "KF430", 1)
+    assert "does not answer" in line and "nothing was started" in line
+    assert _status(settings)["state"] == "stopped"
+
+
+def _client(settings: Settings) -> RegistryClient:
+    return RegistryClient(settings.registry.url)
+
+
+def _registered(settings: Settings, subject: str, version: int) -> Registered:
     return RegistryClient(settings.registry.url).version(subject, str(version))

@@ -63,9 +63,7 @@ def record_of(writer: Registered, time: str | None) -> RecordSchema:
     when a long) as event times."""
     schema = _top(writer)
     names = _named(schema)
-    fields = tuple(
-        _field(f["name"], f["type"], names, f"{writer.subject}") for f in schema["fields"]
-    )
+    fields = tuple(_field(f["name"], f["type"], names, writer.subject) for f in schema["fields"])
     if time is not None:
         fields = tuple(
             Field(f.name, "event_time", f.optional)
@@ -190,14 +188,17 @@ def _named(schema: Any, found: dict[str, Any] | None = None) -> dict[str, Any]:
     return found
 
 
-def _field(name: str, kind: Any, names: dict[str, Any], where: str) -> Field:
+def _field(name: str, kind: Any, names: dict[str, Any], subject: str, parent: str = "") -> Field:
+    """A record type's field from an Avro field; KF756 naming its path if unsupported."""
+    path = f"{parent}.{name}" if parent and name else (parent or name)
     optional = False
     if isinstance(kind, list):
         rest = [k for k in kind if k != "null"]
         optional = len(rest) < len(kind)
         if len(rest) != 1:
             raise SchemaFormatError(
-                f"{where}.{name}: a union of several types has no Spark counterpart here"
+                f"subject {subject!r}, field {path!r}: a union of several types has no "
+                "Spark counterpart here"
             )
         kind = rest[0]
     if isinstance(kind, str) and kind in names:
@@ -208,11 +209,11 @@ def _field(name: str, kind: Any, names: dict[str, Any], where: str) -> Field:
         t = kind.get("type")
         if t == "record":
             fields = tuple(
-                _field(f["name"], f["type"], names, f"{where}.{name}") for f in kind["fields"]
+                _field(f["name"], f["type"], names, subject, path) for f in kind["fields"]
             )
             return Field(name, "object", optional, fields=fields)
         if t == "array":
-            element = _field("", kind["items"], names, f"{where}.{name}[]")
+            element = _field("", kind["items"], names, subject, f"{path}[]")
             return Field(name, "array", optional, element=element)
         if t == "enum":
             return Field(name, "str", optional)
@@ -220,7 +221,7 @@ def _field(name: str, kind: Any, names: dict[str, Any], where: str) -> Field:
     if isinstance(kind, str) and kind in _KINDS:
         return Field(name, _KINDS[kind], optional)
     raise SchemaFormatError(
-        f"{where}.{name}: Avro type {json.dumps(kind)} is not supported "
+        f"subject {subject!r}, field {path!r}: Avro type {json.dumps(kind)} is not supported "
         "(maps, bytes and fixed are not)"
     )
 

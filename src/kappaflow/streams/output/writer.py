@@ -280,7 +280,6 @@ class OutputWriter:
                 plain = [t for t in target.topics if t not in avro]
                 if plain:
                     parts.append(stream_records(rows, plain, target.source.keys))
-                assert target.row_schema is not None or not avro
                 for topic, ident, schema in target.avro:
                     assert target.row_schema is not None
                     parts.append(

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from kappaflow.errors import SchemaFormatError
+from kappaflow.settings import load_settings
 
 _SUBJECT = re.compile(r"^[^\x00-\x1f/]{1,255}$")
 
@@ -30,3 +31,11 @@ def avro(subject: str, *, url: str | None = None) -> AvroFormat:
     if url is not None and not url.startswith(("http://", "https://")):
         raise SchemaFormatError(f"avro: url= is an http(s) URL, not {url!r}")
     return AvroFormat(subject, url)
+
+
+def registry_url(format: AvroFormat, reader: object) -> str:
+    """The registry a format's subject is looked up in: its own ``url``, else the job's
+    (the reader's settings, under ``kappaflow jobs start``), else the settings loaded
+    from the environment and ``kappaflow.toml`` (the test harness)."""
+    found = format.url or getattr(reader, "registry_url", None)
+    return str(found) if found else load_settings().registry.url

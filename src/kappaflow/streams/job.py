@@ -31,9 +31,8 @@ from kappaflow.errors import (
     UnknownColumnError,
 )
 from kappaflow.registry.client import Registered, RegistryClient
-from kappaflow.settings import load_settings
 from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.formats import AvroFormat
+from kappaflow.streams.formats import AvroFormat, registry_url
 from kappaflow.streams.joins import Reference, join_stream, join_table, kafka_table, lake_table
 from kappaflow.streams.model import (
     _VERDICT,
@@ -147,9 +146,8 @@ class Job:
         keys = (key,) if isinstance(key, str) else tuple(key)
         versions: list[Registered] = []
         if format is not None:
-            versions = RegistryClient(format.url or load_settings().registry.url).versions(
-                format.subject
-            )
+            url = registry_url(format, self._reader)
+            versions = RegistryClient(url).versions(format.subject)
             record = (
                 avro_ops.record_of(versions[-1], time) if model is None else compile_schema(model)
             )

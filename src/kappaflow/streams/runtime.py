@@ -29,7 +29,7 @@ from kappaflow.errors import (
     WaitTimeoutError,
 )
 from kappaflow.kafka.topics import COMPACTED
-from kappaflow.settings import load_settings
+from kappaflow.streams.formats import registry_url
 from kappaflow.streams.job import Job, Output
 from kappaflow.streams.joins import stream_joined
 from kappaflow.streams.kinds import DEAD, RECORD
@@ -382,7 +382,7 @@ def _avro_topics(job: Job, output: Output, rows: StructType) -> tuple[tuple[str,
                 f"output {output.name}: Avro records are a stream's rows; an aggregate's "
                 "changelog is JSON (kf.topic() without format=)"
             )
-        url = sink.format.url or load_settings().registry.url
+        url = registry_url(sink.format, job._reader)
         ident, schema = avro_ops.register_output(
             url, sink.format.subject, rows, f"{job.name}_{output.name}"
         )

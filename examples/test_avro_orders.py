@@ -5,6 +5,7 @@ test session's Kafka: Avro written by confluent-kafka's serializer in, Avro out
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -12,30 +13,30 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from conftest import run_kappaflow
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
 from avro_orders import ORDER_SCHEMA, build
-from kappaflow.procs import free_port
-from kappaflow.registry.service import EmbeddedRegistry
-from kappaflow.settings import Settings
 
 
 @pytest.fixture(scope="module")
-def registry(kafka: Settings) -> Iterator[str]:
-    settings = kafka.model_copy(
-        update={
-            "registry": kafka.registry.model_copy(
-                update={"port": free_port(), "topic": f"_schemas-{uuid.uuid4().hex[:8]}"}
-            )
-        }
-    )
-    service = EmbeddedRegistry(settings)
-    service.start()
+def registry(kafka: kf.Settings) -> Iterator[str]:
+    """A registry of this module's own on the test session's Kafka, started and stopped
+    by the CLI."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "KAPPAFLOW_REGISTRY__PORT": str(port),
+        "KAPPAFLOW_REGISTRY__TOPIC": f"_schemas-{uuid.uuid4().hex[:8]}",
+    }
+    started = run_kappaflow(kafka, "registry", "start", env=env)
+    assert started.code == 0, started.err
     try:
-        yield settings.registry.url
+        yield f"http://127.0.0.1:{port}"
     finally:
-        service.stop()
+        run_kappaflow(kafka, "registry", "stop", env=env)
 
 
 def test_big_orders_in_avro(

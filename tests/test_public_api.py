@@ -26,6 +26,7 @@ def test_exported_members() -> None:
         "__version__",
         "approx_distinct",
         "approx_quantiles",
+        "avro",
         "count",
         "from_epoch_ms",
         "lake",

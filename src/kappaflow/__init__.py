@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from kappaflow.streams.aggregates import mean as mean
     from kappaflow.streams.aggregates import min as min
     from kappaflow.streams.aggregates import sum as sum
+    from kappaflow.streams.formats import avro as avro
     from kappaflow.streams.job import Job as Job
     from kappaflow.streams.job import Stream as Stream
     from kappaflow.streams.job import Table as Table
@@ -68,6 +69,8 @@ _API = {
     "Reference": "kappaflow.streams.joins",
     "EventTime": "kappaflow.streams.schema",
     "logged_at": "kappaflow.streams.model",
+    # Source formats besides JSON (docs/registry.md).
+    "avro": "kappaflow.streams.formats",
     # Aggregates.
     "count": "kappaflow.streams.aggregates",
     "sum": "kappaflow.streams.aggregates",

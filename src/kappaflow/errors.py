@@ -308,6 +308,20 @@ class ConnectRequestError(KafkaClusterError):
     code = "KF425"
 
 
+class RegistryStartError(KafkaClusterError):
+    """The schema registry exited during start-up or did not answer within its deadline,
+    or Kafka, where it keeps its schemas, does not answer; it was stopped."""
+
+    code = "KF430"
+
+
+class RegistryRequestError(KafkaClusterError):
+    """The schema registry does not answer, or refused a request (an unknown subject or
+    version, a schema that does not parse, an incompatible schema)."""
+
+    code = "KF431"
+
+
 # KF5xx: input given to a command (values, times, options of a counting job).
 
 
@@ -805,6 +819,20 @@ class StateAfterStreamJoinError(StreamError):
     watermark after a stateful operator."""
 
     code = "KF754"
+
+
+class SchemaIncompatibleError(StreamError, TypeError):
+    """A job's record type cannot read a registry subject's schema, or the schema it
+    would register is a breaking change for the subject; the message names the field."""
+
+    code = "KF755"
+
+
+class SchemaFormatError(StreamError, ValueError):
+    """A source's format cannot be used: its subject is unknown to the registry, its
+    schema is not Avro, or a type in it has no Spark counterpart."""
+
+    code = "KF756"
 
 
 # KF770-KF779: a job's dead letters, listed and replayed (jobs/dead_letters.py).

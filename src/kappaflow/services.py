@@ -20,6 +20,7 @@ from kappaflow.kafka.mirror import Mirror
 from kappaflow.mqtt.broker import EmbeddedMqtt
 from kappaflow.postgresql.server import EmbeddedPostgres, redacted
 from kappaflow.procs import ProcState
+from kappaflow.registry.service import EmbeddedRegistry
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings
 from kappaflow.spark.standalone import StandaloneCluster
@@ -69,7 +70,8 @@ def up(settings: Settings) -> list[str]:
 def down(settings: Settings) -> list[str]:
     """Stop the kappaflow service and every embedded service: a Spark standalone cluster
     MirrorMaker and the Kafka Connect worker where they run (`kappaflow spark start`,
-    `kappaflow mirror start`, `kappaflow connect start`),
+    `kappaflow mirror start`, `kappaflow connect start`), the schema registry
+    (`kappaflow registry start`),
     the MQTT broker (it feeds Kafka through the bridge), then Redis (jobs write to it),
     then the Kafka broker."""
     done: list[str] = []
@@ -84,6 +86,10 @@ def down(settings: Settings) -> list[str]:
     worker = ConnectWorker(settings)
     if worker.process.status().state is ProcState.RUNNING and worker.stop():
         done.append("connect stopped")
+    # Before Kafka, where it keeps its schemas.
+    schemas = EmbeddedRegistry(settings)
+    if schemas.process.status().state is ProcState.RUNNING and schemas.stop():
+        done.append("registry stopped")
     if settings.mqtt.embedded:
         stopped = EmbeddedMqtt(settings).stop()
         done.append(f"mqtt {'stopped' if stopped else 'was not running'}")
@@ -172,4 +178,13 @@ def status(settings: Settings) -> list[ServiceRow]:
     capturing = worker.process.status()
     if capturing.state is ProcState.RUNNING:
         rows.append(ServiceRow("connect", capturing.state, worker.url, capturing.pid))
+    if settings.registry.embedded:
+        schemas = EmbeddedRegistry(settings)
+        serving_schemas = schemas.process.status()
+        if serving_schemas.state is ProcState.RUNNING:
+            rows.append(
+                ServiceRow("registry", serving_schemas.state, schemas.url, serving_schemas.pid)
+            )
+    else:
+        rows.append(ServiceRow("registry", EXTERNAL, settings.registry.url, None))
     return rows

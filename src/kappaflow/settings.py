@@ -439,6 +439,37 @@ class ConnectSettings(_Section):
         return f"http://{self.host}:{self.port}"
 
 
+class RegistrySettings(_Section):
+    """The schema registry (``kappaflow registry start``): the Confluent Schema Registry
+    API over a compacted topic of the configured Kafka, for Avro sources (``kf.avro``)."""
+
+    host: str = Field(default="127.0.0.1", description="address its REST API listens on")
+    # Not 8081: Confluent's default, which another registry on the machine may hold.
+    port: int = Field(default=18081, ge=1, le=65535, description="its REST API's port")
+    topic: str = Field(default="_schemas", description="the compacted topic it keeps schemas in")
+    compatibility: Literal[
+        "NONE",
+        "BACKWARD",
+        "BACKWARD_TRANSITIVE",
+        "FORWARD",
+        "FORWARD_TRANSITIVE",
+        "FULL",
+        "FULL_TRANSITIVE",
+    ] = Field(default="BACKWARD", description="the compatibility level of subjects without one")
+    external_url: str | None = Field(
+        default=None,
+        description="an external registry's URL (Confluent-compatible); default: the embedded one",
+    )
+
+    @property
+    def embedded(self) -> bool:
+        return self.external_url is None
+
+    @property
+    def url(self) -> str:
+        return self.external_url or f"http://{self.host}:{self.port}"
+
+
 class Settings(BaseSettings):
     """Everything configurable in kappaflow, validated once, immutable afterwards."""
 
@@ -474,6 +505,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     mirror: MirrorSettings = Field(default_factory=MirrorSettings)
     connect: ConnectSettings = Field(default_factory=ConnectSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
 
     @model_validator(mode="after")
     def _remembered_nodes(self) -> Settings:

@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mirror": ("kappaflow.cli.mirror", "mirror"),
     "connect": ("kappaflow.cli.connect", "connect"),
     "dlq": ("kappaflow.cli.dlq", "dlq"),
+    "registry": ("kappaflow.cli.registry", "registry"),
 }
 
 

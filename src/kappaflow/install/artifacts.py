@@ -74,6 +74,7 @@ SPARK_CONNECTOR = JarSet(
         "commons-pool2",
         "jedis",
         "postgresql",
+        "spark-avro_2.13",
     ),
 )
 

@@ -43,6 +43,8 @@ class KafkaReader:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        #: Where the job's ``kf.avro`` subjects are looked up (streams/formats.py).
+        self.registry_url = settings.registry.url
 
     def stream(self, spark: SparkSession, topic: str, start: str) -> DataFrame:
         # With headers: a replayed dead letter is marked in them (jobs/dead_letters.py).

@@ -30,7 +30,9 @@ from kappaflow.errors import (
     MissingParameterError,
     UnknownColumnError,
 )
+from kappaflow.registry.client import Registered, RegistryClient
 from kappaflow.streams.aggregates import Aggregate
+from kappaflow.streams.formats import AvroFormat, registry_url
 from kappaflow.streams.joins import (
     Reference,
     change_events,
@@ -50,6 +52,7 @@ from kappaflow.streams.model import (
     millis,
     refusal,
 )
+from kappaflow.streams.ops import avro as avro_ops
 from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import change_model, compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink, Sink
@@ -121,8 +124,9 @@ class Job:
     def source(
         self,
         topic: str,
-        schema: type,
+        schema: type | AvroFormat,
         *,
+        format: AvroFormat | None = None,
         key: str | Sequence[str] = (),
         time: str | None = None,
         id: str | None = None,
@@ -137,9 +141,27 @@ class Job:
         than that may still correct a window for ``allowed_lateness``, and goes to the
         job's late topic after. Records that do not fit the schema go to the job's
         dead-letter topic, with the reason and their original bytes.
+
+        ``format=kf.avro(subject)``: the records are Avro in the schema registry's wire
+        format, and ``schema`` must be able to read the subject's latest schema (KF755
+        names each field it cannot); ``job.source(topic, kf.avro(subject), time=...)``
+        takes the record type from the subject's latest schema (docs/registry.md).
         """
+        if isinstance(schema, AvroFormat):
+            format, model = schema, None
+        else:
+            model = schema
         return self._source(
-            topic, schema, key, time, id, watermark, allowed_lateness, start, shape=None
+            topic,
+            model,
+            key,
+            time,
+            id,
+            watermark,
+            allowed_lateness,
+            start,
+            format=format,
+            shape=None,
         )
 
     def change_stream(
@@ -172,13 +194,14 @@ class Job:
             watermark,
             allowed_lateness,
             start,
+            format=None,
             shape=change_events,
         )
 
     def _source(
         self,
         topic: str,
-        schema: type,
+        model: type | None,
         key: str | Sequence[str],
         time: str | None,
         id: str | None,
@@ -186,10 +209,20 @@ class Job:
         allowed_lateness: str | int | timedelta,
         start: str,
         *,
+        format: AvroFormat | None,
         shape: Callable[[DataFrame], DataFrame] | None,
     ) -> Stream:
-        record = compile_schema(schema)
         keys = (key,) if isinstance(key, str) else tuple(key)
+        versions: list[Registered] = []
+        if format is not None:
+            url = registry_url(format, self._reader)
+            versions = RegistryClient(url).versions(format.subject)
+            record = (
+                avro_ops.record_of(versions[-1], time) if model is None else compile_schema(model)
+            )
+        else:
+            assert model is not None
+            record = compile_schema(model)
         time_field = time or record.event_time
         if time_field is None:
             raise InvalidJobError(
@@ -206,12 +239,19 @@ class Job:
             millis(watermark, "watermark"),
             millis(allowed_lateness, "allowed_lateness"),
             start,
-            schema,
+            model,
         )
         self.sources.append(found)
         raw = self._reader.stream(self.spark, topic, start)
         if shape is not None:
             raw = shape(raw)
+        if format is not None:
+            reader = (
+                versions[-1].schema
+                if model is None
+                else avro_ops.check_readable(record, versions[-1])
+            )
+            raw = avro_ops.decode(raw, versions, reader)
         parsed = parse_records(raw, record, time=time_field, keys=keys, id=id, replays_of=self.name)
         return Stream(self, found, parsed)
 

@@ -19,6 +19,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructType
 
 from kappaflow.errors import (
     BuildFailedError,
@@ -28,10 +29,12 @@ from kappaflow.errors import (
     WaitTimeoutError,
 )
 from kappaflow.kafka.topics import COMPACTED
+from kappaflow.streams.formats import registry_url
 from kappaflow.streams.job import Job, Output
 from kappaflow.streams.joins import stream_joined
 from kappaflow.streams.kinds import DEAD, RECORD, REPLAY
 from kappaflow.streams.model import BOOKKEEPING, REPLAY_COLUMN, Reader, Source
+from kappaflow.streams.ops import avro as avro_ops
 from kappaflow.streams.ops.session_windows import aggregate_sessions
 from kappaflow.streams.ops.windowing import aggregate_windows, bind_aggregates
 from kappaflow.streams.output.backends import Publisher, ResultStore
@@ -409,6 +412,26 @@ def _shaped(frame: DataFrame) -> DataFrame:
     return frame.select(*columns)
 
 
+def _avro_topics(job: Job, output: Output, rows: StructType) -> tuple[tuple[str, int, str], ...]:
+    """Each Avro topic sink's topic, with its schema registered under its subject now, at
+    the job's start (KF755 when the subject refuses it, naming the field)."""
+    found = []
+    for sink in output.sinks:
+        if not isinstance(sink, KafkaSink) or sink.format is None:
+            continue
+        if output.aggregate is not None:
+            raise InvalidSinkError(
+                f"output {output.name}: Avro records are a stream's rows; an aggregate's "
+                "changelog is JSON (kf.topic() without format=)"
+            )
+        url = registry_url(sink.format, job._reader)
+        ident, schema = avro_ops.register_output(
+            url, sink.format.subject, rows, f"{job.name}_{output.name}"
+        )
+        found.append((sink.topic or f"{job.name}.{output.name}", ident, schema))
+    return tuple(found)
+
+
 def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> OutputTarget:
     topics = tuple(
         sink.topic or f"{job.name}.{output.name}"
@@ -433,6 +456,7 @@ def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> Ou
         PostgresWriter(table) for table in postgres_tables(job, output, backends.postgres_dsn)
     )
     return OutputTarget(
+        avro=_avro_topics(job, output, user.schema),
         postgres=postgres,
         aggregated=agg is not None,
         packed=packed,

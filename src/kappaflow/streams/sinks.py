@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kappaflow.errors import InvalidSinkError
+from kappaflow.streams.formats import AvroFormat
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _LAKE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
@@ -28,11 +29,13 @@ class KafkaSink:
     ``topic`` None means the output's own topic, ``JOB.OUTPUT``. A windowed aggregate's
     records there are its changelog: every change of a window's values, with the values
     before it; a stream's records are its rows as JSON objects. ``compact``: the topic is
-    created compacted, keeping at least the latest record of each key.
+    created compacted, keeping at least the latest record of each key. ``format``: a
+    stream's rows as Avro in the schema registry's wire format, under its subject.
     """
 
     topic: str | None = None
     compact: bool = False
+    format: AvroFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,25 @@ class PostgresSink:
 Sink = KafkaSink | RedisSink | ParquetSink | PostgresSink
 
 
-def topic(name: str | None = None, *, compact: bool = False) -> KafkaSink:
+def topic(
+    name: str | None = None,
+    *,
+    compact: bool = False,
+    format: AvroFormat | None = None,
+) -> KafkaSink:
     """Publish to the Kafka topic ``name`` (default: the output's own, ``JOB.OUTPUT``);
     ``compact=True`` creates it compacted (the latest record per key is kept), for an
-    output read as a table (``job.table``). A topic that exists is left as it is."""
+    output read as a table (``job.table``). A topic that exists is left as it is.
+
+    ``format=kf.avro(subject)``: a stream's rows as Avro records, their schema (the
+    stream's row type) registered under ``subject`` when the job starts; a change the
+    subject's compatibility level refuses stops the start (KF755, naming the field).
+    """
     if name is not None and not _TOPIC.match(name):
         raise InvalidSinkError(f"topic sink: {name!r} is not a valid topic name")
-    return KafkaSink(name, compact)
+    if format is not None and not isinstance(format, AvroFormat):
+        raise InvalidSinkError("topic sink: format= is kf.avro(subject)")
+    return KafkaSink(name, compact, format)
 
 
 def store() -> RedisSink:

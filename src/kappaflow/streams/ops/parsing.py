@@ -143,6 +143,12 @@ def parse_records(
         )
         .alias("_kf_reason"),
     )
+    if "_kf_pre_reason" in raw.columns:
+        # A reason found before parsing (an Avro record that does not decode) comes first.
+        judged = judged.withColumn(
+            "_kf_reason", F.coalesce(F.col("_kf_pre_reason"), F.col("_kf_reason"))
+        )
+    original = F.col("_kf_original") if "_kf_original" in raw.columns else F.col("value")
     good = F.col("_kf_reason").isNull()
     time_value = F.lit(None).cast("timestamp")
     if time is not None:
@@ -157,7 +163,7 @@ def parse_records(
         ],
         F.when(good, F.unix_millis(time_value)).alias("_kf_time"),
         "_kf_reason",
-        F.col("value").alias("_kf_value"),
+        original.alias("_kf_value"),
         F.col("topic").alias("_kf_topic"),
         F.col("partition").alias("_kf_partition"),
         F.col("offset").alias("_kf_offset"),

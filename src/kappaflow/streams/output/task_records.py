@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import to_avro
 from pyspark.sql.classic.column import Column as ClassicColumn
 from pyspark.sql.types import (
     BooleanType,
@@ -190,6 +191,30 @@ def stream_records(frame: DataFrame, topics: Sequence[str], keys: Sequence[str])
         F.explode(F.array(*[F.lit(t) for t in topics])).alias("topic"),
         (key.cast("binary") if key is not None else F.lit(None).cast("binary")).alias("key"),
         F.col("row").cast("binary").alias("value"),
+        F.lit(None).cast("string").alias("_o1"),
+        F.monotonically_increasing_id().alias("_o2"),
+        F.lit(0).cast("bigint").alias("_o3"),
+    )
+
+
+def avro_records(
+    frame: DataFrame,
+    topic: str,
+    keys: Sequence[str],
+    schema_id: int,
+    schema: str,
+    row_schema: StructType,
+) -> DataFrame:
+    """A plain stream's records on ``topic`` as Avro in the schema registry's wire format
+    (a zero byte, the 4-byte schema id, the body), keyed as ``stream_records`` keys them."""
+    header = F.unhex(F.lit(f"00{schema_id:08x}"))
+    value = F.concat(header, to_avro(F.from_json(F.col("row"), row_schema), schema))
+    rows = frame.where(F.col("kind") == RECORD)
+    key = _java(frame, "pick", _jc(F.col("row")), json.dumps(list(keys))) if keys else None
+    return rows.select(
+        F.lit(topic).alias("topic"),
+        (key.cast("binary") if key is not None else F.lit(None).cast("binary")).alias("key"),
+        value.alias("value"),
         F.lit(None).cast("string").alias("_o1"),
         F.monotonically_increasing_id().alias("_o2"),
         F.lit(0).cast("bigint").alias("_o3"),

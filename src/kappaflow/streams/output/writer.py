@@ -57,6 +57,7 @@ from kappaflow.streams.output.lake import LakeWriter
 from kappaflow.streams.output.lake_fs import HadoopFs
 from kappaflow.streams.output.postgres import PostgresWriter
 from kappaflow.streams.output.task_records import (
+    avro_records,
     changelog,
     dead_letters,
     lake_change_rows,
@@ -120,6 +121,9 @@ class OutputTarget:
     value_names: tuple[str, ...] = ()
     #: Its PostgreSQL tables (``kf.postgres()`` sinks).
     postgres: tuple[PostgresWriter, ...] = ()
+    #: Its topics of Avro records (``kf.topic(format=kf.avro(...))``): topic, the
+    #: registry's schema id and the schema.
+    avro: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def late_topic(self) -> str:
@@ -275,7 +279,17 @@ class OutputWriter:
             if target.keys or target.aggregated:
                 parts.append(changelog(rows, target.topics, target.keys, batch_id))
             else:
-                parts.append(stream_records(rows, target.topics, target.source.keys))
+                avro = {topic for topic, _, _ in target.avro}
+                plain = [t for t in target.topics if t not in avro]
+                if plain:
+                    parts.append(stream_records(rows, plain, target.source.keys))
+                for topic, ident, schema in target.avro:
+                    assert target.row_schema is not None
+                    parts.append(
+                        avro_records(
+                            rows, topic, target.source.keys, ident, schema, target.row_schema
+                        )
+                    )
         letters = dead_letters(
             rows,
             target.dlq_topic,

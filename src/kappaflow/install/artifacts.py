@@ -110,7 +110,8 @@ def resolve_all(settings: Settings) -> list[str]:
     """Resolve every jar set setup provides that is missing or whose POM changed; return
     what was done."""
     return resolve(
-        settings, (
+        settings,
+        (
             KAFKA_BROKER,
             SPARK_CONNECTOR,
             KAFKA_MIRROR,

@@ -66,15 +66,11 @@ def _conf(spark: SparkSession) -> Any:
 
 
 def _call(what: str, root: str, method: Any, *args: Any) -> Any:
-    """Call Kernel; its refusals as KF762."""
+    """Call Kernel; its failures as KF760."""
     try:
         return method(*args)
     except Py4JJavaError as error:
         cause = error.java_exception
-        if "VersionNotFound" in str(cause.getClass().getName()) or "version" in str(
-            cause.getMessage()
-        ).lower() and "not" in str(cause.getMessage()).lower() and what == "read":
-            raise LakeVersionError(f"Delta table {root}: {cause.getMessage()}") from None
         raise LakeCommitError(
             f"Delta table {root}: {what} failed: {cause.getClass().getSimpleName()}: "
             f"{cause.getMessage()}"
@@ -97,9 +93,13 @@ def snapshot_manifest(spark: SparkSession, root: str, version: int | None = None
     reader of ``lake_read`` reads it as it reads a manifest table."""
     fs = HadoopFs(spark, root)
     kernel = _kernel(spark)
+    table = json.loads(_call("read", fs.root_uri, kernel.describe, _conf(spark), fs.root_uri))
+    if version is not None and not 0 <= version <= int(table["version"]):
+        raise LakeVersionError(
+            f"Delta table {fs.root_uri} has versions 0 to {table['version']}, not {version}"
+        )
     at = -1 if version is None else version
     listing = json.loads(_call("read", fs.root_uri, kernel.files, _conf(spark), fs.root_uri, at))
-    table = json.loads(_call("read", fs.root_uri, kernel.describe, _conf(spark), fs.root_uri))
     return _manifest(
         int(listing["version"]),
         [(unquote(f["relative"]), int(f["rows"])) for f in listing["files"]],
@@ -254,9 +254,7 @@ def migrate(spark: SparkSession, root: str, app_id: str = DEFAULT_APP_ID) -> int
     names = [e.name for e in fs.children(MANIFEST_DIR) if is_record(e.name)]
     if not names:
         return None
-    manifests = [
-        Manifest.from_json(fs.read_text(f"{MANIFEST_DIR}/{n}"), fs.uri(n)) for n in names
-    ]
+    manifests = [Manifest.from_json(fs.read_text(f"{MANIFEST_DIR}/{n}"), fs.uri(n)) for n in names]
     latest = manifests[-1]
     added = []
     for manifest in manifests:

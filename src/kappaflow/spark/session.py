@@ -36,6 +36,9 @@ logger.kafka.level = error
 # yet, which is how every new window starts.
 logger.tws.name = org.apache.spark.sql.execution.python.streaming
 logger.tws.level = error
+# Delta Kernel warns on every read of a table without a checkpoint yet (a young table).
+logger.deltakernel.name = io.delta.kernel
+logger.deltakernel.level = error
 """
 
 

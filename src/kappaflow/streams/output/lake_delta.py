@@ -210,7 +210,11 @@ class DeltaLakeWriter(LakeWriter):
 
     def _recorded_rows(self, batch_id: int) -> int:
         """The rows the commit of ``batch_id`` added, from the newest commits' ``add``
-        statistics (a re-run is of the last batch or so); 0 if not found among them."""
+        statistics (a re-run is of the last batch or so), or from its manifest if it was
+        committed before the table became a Delta table; 0 if not found among them."""
+        manifest = self._manifest(batch_id)
+        if manifest is not None:
+            return manifest.rows
         names = [
             e.name
             for e in self.fs.children(DELTA_LOG)

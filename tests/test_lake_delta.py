@@ -15,12 +15,13 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from conftest import Settings, error_line, run_kappaflow
+from conftest import error_line, run_kappaflow
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from kappaflow.api.sql import describe_tables, run_sql
 from kappaflow.errors import LakeSchemaError
+from kappaflow.settings import Settings
 from kappaflow.streams.output.lake import STEPS, LakeWriter
 from kappaflow.streams.output.lake_delta import DeltaLakeWriter, migrate, optimize
 from kappaflow.streams.output.lake_read import (

@@ -24,6 +24,7 @@ from kappaflow.errors import LakeSchemaError
 from kappaflow.settings import Settings
 from kappaflow.streams.output.lake import STEPS, LakeWriter
 from kappaflow.streams.output.lake_delta import DeltaLakeWriter, migrate, optimize
+from kappaflow.streams.output.lake_delta_log import drop_batches_after, last_batch, schema_at
 from kappaflow.streams.output.lake_read import (
     delta_history,
     read_arrow,
@@ -281,3 +282,30 @@ def test_the_lake_commands(spark: SparkSession, kafka: Settings, tmp_path: Path)
     assert f"version 1 replaced {before} files by 2" in compacted.err
     assert ids(delta_rs(root)) == list(range(12))
     assert ids(delta_rs(root, version=0)) == list(range(12))
+
+
+def test_a_restore_takes_later_batches_out_and_the_job_writes_them_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """What restoring a savepoint does to a Delta table (jobs/restore.py)."""
+    root = tmp_path / "orders"
+    lake = writer(spark, root)
+    for b in range(3):
+        lake.write(batch(spark, 4 * b, count=2), b)
+    optimize(spark, str(root))  # after the savepoint's batch: compacts batch 0's files too
+    lake.write(batch(spark, 20, count=2), 3)
+    schema = schema_at(root, 0)
+    assert last_batch(root) == 3 and schema is not None and schema["fields"][0]["name"] == "id"
+
+    drop_batches_after(root, 0)
+
+    assert last_batch(root) == 0
+    assert DeltaTable(str(root)).version() == 0
+    assert ids(delta_rs(root)) == [0, 1]
+    live = {Path(uri).resolve() for uri in DeltaTable(str(root)).file_uris()}
+    assert {p.resolve() for p in root.rglob("*.parquet")} == live
+    assert writer(spark, root).write(batch(spark, 40, count=2), 1) == 2
+    assert ids(delta_rs(root)) == [0, 1, 40, 41]
+
+    drop_batches_after(root, None)
+    assert not (root / "_delta_log").exists() and not list(root.rglob("*.parquet"))

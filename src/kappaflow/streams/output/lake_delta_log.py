@@ -77,15 +77,17 @@ def drop_batches_after(root: Path, after: int | None) -> None:
         return
     log = root / DELTA_LOG
     (log / _LAST_CHECKPOINT).unlink(missing_ok=True)  # readers list the log without it
+    (log / f".{_LAST_CHECKPOINT}.crc").unlink(missing_ok=True)
     for entry in sorted(log.iterdir(), reverse=True):
-        prefix = entry.name.split(".", 1)[0]
-        if prefix.isdigit() and int(prefix) >= cut and not entry.name.endswith(".json"):
-            _remove(entry)  # checkpoints and checksums of dropped versions
+        prefix = entry.name.lstrip(".").split(".", 1)[0]
+        commit = entry.name.endswith(".json") and not entry.name.startswith(".")
+        if prefix.isdigit() and int(prefix) >= cut and not commit:
+            # Checkpoints and checksums of dropped versions, and Hadoop's checksum files.
+            _remove(entry)
     for version, actions in reversed(commits):
         if version < cut:
             break
         (log / f"{version:020d}.json").unlink(missing_ok=True)
-        (log / f".{version:020d}.json.crc").unlink(missing_ok=True)
         for action in actions:
             if "add" in action:
                 added = root / unquote(action["add"]["path"])

@@ -309,3 +309,20 @@ def test_a_restore_takes_later_batches_out_and_the_job_writes_them_again(
 
     drop_batches_after(root, None)
     assert not (root / "_delta_log").exists() and not list(root.rglob("*.parquet"))
+
+
+def test_a_job_joins_a_delta_table_by_its_live_files_only(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``job.table_from_lake``: after a compaction the replaced files are still on disk,
+    and a glob of the directory would read every row twice."""
+    from kappaflow.streams.joins import lake_table
+
+    root = tmp_path / "orders"
+    lake = writer(spark, root)
+    for b in range(3):
+        lake.write(batch(spark, 4 * b), b)
+    optimize(spark, str(root))
+
+    table = lake_table(spark, str(root), ("id",))
+    assert sorted(r.id for r in table.frame.collect()) == list(range(12))

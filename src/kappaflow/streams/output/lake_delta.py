@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from kappaflow.errors import LakeCommitError, LakePartitioningError, LakeVersionError
 from kappaflow.streams.jvm import jvm_engine
@@ -39,6 +40,7 @@ from kappaflow.streams.output.lake_fs import HadoopFs
 from kappaflow.streams.output.lake_manifest import (
     MANIFEST_DIR,
     STAGING_DIR,
+    DataFile,
     Manifest,
     check_schema,
     is_record,
@@ -111,8 +113,6 @@ def snapshot_manifest(spark: SparkSession, root: str, version: int | None = None
 def _manifest(
     version: int, files: list[tuple[str, int]], schema: dict[str, Any], partition_by: list[str]
 ) -> Manifest:
-    from kappaflow.streams.output.lake_manifest import DataFile
-
     data = tuple(DataFile(path, rows) for path, rows in files)
     return Manifest(version, sum(f.rows for f in data), data, schema, tuple(partition_by))
 
@@ -317,8 +317,6 @@ def optimize(spark: SparkSession, root: str, *, min_files: int = 2) -> Optimized
     chosen = [path for paths in groups.values() if len(paths) >= min_files for path in paths]
     if not chosen:
         return Optimized(None, 0, 0)
-    from pyspark.sql.types import StructType
-
     schema = StructType.fromJson(current.schema)
     frame = spark.read.schema(schema).option("basePath", fs.root_uri)
     rows = frame.parquet(*[fs.uri(path) for path in chosen])

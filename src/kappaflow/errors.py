@@ -646,6 +646,20 @@ class StoragePathError(StreamError, OSError):
     code = "KF726"
 
 
+class LakeCommitError(StreamError):
+    """Delta Kernel failed to read or commit a lake table's Delta log (a damaged log, a
+    refused transaction)."""
+
+    code = "KF760"
+
+
+class LakeVersionError(StreamError, LookupError):
+    """A lake table has no such version to read (time travel), or a Delta command was given
+    a table that is not a Delta table."""
+
+    code = "KF761"
+
+
 class UnknownAggregateError(StreamError, LookupError):
     """An aggregate of a kind kappaflow does not have."""
 

@@ -8,8 +8,14 @@ rows and nothing else of the machine. Only one ``SELECT`` runs per request; it i
 interrupted past ``api.sql_timeout_s`` and answers at most ``api.sql_max_rows`` rows.
 
 - ``POST /v1/sql`` with ``{"sql": "SELECT ..."}``: ``columns`` (name, DuckDB type),
-  ``rows`` (arrays, JSON values), ``row_count``, ``truncated``, ``elapsed_ms``.
-- ``GET /v1/sql/tables``: each table's job, name, location, columns, files and rows.
+  ``rows`` (arrays, JSON values), ``row_count``, ``truncated``, ``elapsed_ms``. With
+  ``"versions": {"<job>.<table>": N}`` a table is read as it was at version N (a Delta
+  table's version; time travel).
+- ``GET /v1/sql/tables``: each table's job, name, location, format, version, columns,
+  files and rows.
+
+A Delta table (what jobs write) is read at its latest committed version through delta-rs;
+a manifest table of an earlier kappaflow through its manifests (lake_read).
 """
 
 from __future__ import annotations
@@ -123,6 +129,8 @@ def describe_tables(settings: Settings) -> list[dict[str, Any]]:
                     "job": table.job,
                     "name": table.name,
                     "location": table.location,
+                    "format": _format(table.location),
+                    "version": manifests[-1].batch_id if manifests else None,
                     "partition_by": list(table.partition_by),
                     "columns": columns,
                     "files": sum(len(m.files) for m in manifests),
@@ -132,14 +140,27 @@ def describe_tables(settings: Settings) -> list[dict[str, Any]]:
     return described
 
 
+def _format(location: str) -> str:
+    """``delta`` or ``manifest`` (a table of an earlier kappaflow)."""
+    from kappaflow.streams.output.lake_read import is_delta_root
+
+    return "delta" if is_delta_root(location) else "manifest"
+
+
 def run_sql(
-    settings: Settings, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None
+    settings: Settings,
+    sql: str,
+    *,
+    timeout_s: float | None = None,
+    max_rows: int | None = None,
+    versions: dict[str, int] | None = None,
 ) -> SqlAnswer:
-    """Run one read-only query over the lake tables' committed rows."""
+    """Run one read-only query over the lake tables' committed rows; ``versions``: tables
+    (``"<job>.<table>"``) read at an earlier version."""
     timeout = settings.api.sql_timeout_s if timeout_s is None else timeout_s
     limit = settings.api.sql_max_rows if max_rows is None else max_rows
     started = time.monotonic()
-    with lake_connection(settings) as (con, _tables):
+    with lake_connection(settings, versions) as (con, _tables):
         _check_statement(con, sql)
         interrupted = threading.Event()
 
@@ -205,6 +226,10 @@ def json_value(value: Any) -> Any:
 
 class SqlRequest(BaseModel):
     sql: str = Field(description="one SELECT query over the lake tables")
+    versions: dict[str, int] = Field(
+        default_factory=dict,
+        description='time travel: "<job>.<table>" read at that version (`kappaflow lake history`)',
+    )
 
 
 def add_sql_routes(app: FastAPI, settings: Settings) -> None:
@@ -212,7 +237,7 @@ def add_sql_routes(app: FastAPI, settings: Settings) -> None:
 
     @app.post("/v1/sql", summary="Run one read-only SQL query over the lake tables.")
     def sql(request: SqlRequest) -> dict[str, Any]:
-        return run_sql(settings, request.sql).as_json()
+        return run_sql(settings, request.sql, versions=request.versions).as_json()
 
     @app.get("/v1/sql/tables", summary="The lake tables SQL can query, with their columns.")
     def tables() -> dict[str, Any]:
@@ -221,17 +246,27 @@ def add_sql_routes(app: FastAPI, settings: Settings) -> None:
 
 @contextmanager
 def lake_connection(
-    settings: Settings,
+    settings: Settings, versions: dict[str, int] | None = None
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, list[tuple[LakeTable, list[Manifest]]]]]:
     """A locked-down connection with a view per lake table; the tables and their
-    manifests (empty for a table without a committed batch, which has no view)."""
+    manifests (empty for a table without a committed batch, which has no view).
+    ``versions``: tables (``"<job>.<table>"``) read at an earlier version."""
     from kappaflow.streams.output.lake_read import committed_dataset, committed_manifests
 
     con = duckdb.connect(":memory:")
     try:
         tables = []
-        for i, table in enumerate(lake_tables(settings)):
-            manifests = committed_manifests(None, table.location)
+        found = lake_tables(settings)
+        wanted = dict(versions or {})
+        unknown = sorted(set(wanted) - {f"{t.job}.{t.name}" for t in found})
+        if unknown:
+            raise UnknownLakeTableError(
+                f"versions names no lake table {', '.join(unknown)}; the lake tables are "
+                '"<job>.<table>" (`kappaflow sql --tables`)'
+            )
+        for i, table in enumerate(found):
+            version = wanted.get(f"{table.job}.{table.name}")
+            manifests = committed_manifests(None, table.location, version)
             tables.append((table, manifests))
             if not manifests:
                 continue

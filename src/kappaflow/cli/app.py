@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "counts": ("kappaflow.cli.count", "counts"),
     "iot": ("kappaflow.cli.iot", "iot"),
     "sql": ("kappaflow.cli.sql", "sql"),
+    "lake": ("kappaflow.cli.lake", "lake"),
     "users": ("kappaflow.cli.access", "users"),
     "acls": ("kappaflow.cli.access", "acls"),
     "spark": ("kappaflow.cli.spark", "spark"),

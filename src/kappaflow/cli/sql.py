@@ -18,8 +18,17 @@ from kappaflow.cli.output import json_line, say, table
 @click.argument("query", required=False)
 @click.option("--tables", is_flag=True, help="list the lake tables and their columns instead")
 @click.option("--json", "as_json", is_flag=True, help="print JSON lines: one object per row")
+@click.option(
+    "--version",
+    "versions",
+    multiple=True,
+    metavar="JOB.TABLE=N",
+    help="read a table as it was at version N (time travel; `kappaflow lake history`)",
+)
 @pass_context
-def sql(ctx: Context, query: str | None, tables: bool, as_json: bool) -> None:
+def sql(
+    ctx: Context, query: str | None, tables: bool, as_json: bool, versions: tuple[str, ...]
+) -> None:
     """Run one SELECT QUERY over the jobs' lake tables ("<job>".<table>), committed rows
     only, within api.sql_timeout_s and api.sql_max_rows."""
     from kappaflow.api.sql import describe_tables, run_sql
@@ -31,7 +40,7 @@ def sql(ctx: Context, query: str | None, tables: bool, as_json: bool) -> None:
             raise click.UsageError('give a QUERY, such as "SELECT 42", or --tables')
         _show_tables(describe_tables(ctx.settings), as_json)
         return
-    answer = run_sql(ctx.settings, query)
+    answer = run_sql(ctx.settings, query, versions=_versions(versions))
     names = [column["name"] for column in answer.columns]
     if as_json:
         for row in answer.rows:
@@ -43,6 +52,16 @@ def sql(ctx: Context, query: str | None, tables: bool, as_json: bool) -> None:
             f"the first {len(answer.rows)} rows: the query has more (api.sql_max_rows); "
             "add a LIMIT or an aggregate"
         )
+
+
+def _versions(given: tuple[str, ...]) -> dict[str, int]:
+    versions = {}
+    for item in given:
+        name, sep, number = item.rpartition("=")
+        if not sep or not name or not number.isdigit():
+            raise click.UsageError(f"--version {item!r}: give JOB.TABLE=N, such as shop.orders=3")
+        versions[name] = int(number)
+    return versions
 
 
 def _show_tables(found: list[dict[str, Any]], as_json: bool) -> None:

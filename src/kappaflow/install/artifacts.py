@@ -64,6 +64,8 @@ KAFKA_CONNECT = JarSet("connect", "kafka-connect.xml")
 CONNECT_PLUGINS = "connect-plugins"
 #: Debezium's PostgreSQL connector, a plugin of that worker (isolated by Connect).
 DEBEZIUM_POSTGRES = JarSet(f"{CONNECT_PLUGINS}/debezium-postgres", "debezium-postgres.xml")
+#: Delta Kernel, the lake's table format (streams/output/lake_delta.py): on Spark's classpath.
+LAKE_DELTA = JarSet("lake", "lake-delta.xml")
 SPARK_CONNECTOR = JarSet(
     "spark",
     "spark-kafka.xml",
@@ -87,6 +89,10 @@ def spark_connector_jars(settings: Settings) -> list[Path]:
     return SPARK_CONNECTOR.jars(settings)
 
 
+def lake_delta_jars(settings: Settings) -> list[Path]:
+    return LAKE_DELTA.jars(settings)
+
+
 def kafka_mirror_jars(settings: Settings) -> list[Path]:
     return KAFKA_MIRROR.jars(settings)
 
@@ -105,7 +111,15 @@ def resolve_all(settings: Settings) -> list[str]:
     """Resolve every jar set setup provides that is missing or whose POM changed; return
     what was done."""
     return resolve(
-        settings, (KAFKA_BROKER, SPARK_CONNECTOR, KAFKA_MIRROR, KAFKA_CONNECT, DEBEZIUM_POSTGRES)
+        settings,
+        (
+            KAFKA_BROKER,
+            SPARK_CONNECTOR,
+            KAFKA_MIRROR,
+            KAFKA_CONNECT,
+            DEBEZIUM_POSTGRES,
+            LAKE_DELTA,
+        ),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kappaflow.errors import JarBuildError
-from kappaflow.install.artifacts import spark_connector_jars
+from kappaflow.install.artifacts import lake_delta_jars, spark_connector_jars
 from kappaflow.install.javabuild import JDK_HOW, JavaBuild, pyspark_jars
 from kappaflow.install.jdk import ensure_javac
 from kappaflow.settings import Settings
@@ -25,7 +25,8 @@ def _classpath(settings: Settings) -> list[Path]:
     connector = [
         jar for jar in spark_connector_jars(settings) if jar.name.startswith(_CONNECTOR_JARS)
     ]
-    return [*_pyspark_classpath(), *connector]
+    # DeltaLake.java commits the lake's batches with Delta Kernel.
+    return [*_pyspark_classpath(), *connector, *lake_delta_jars(settings)]
 
 
 def _pyspark_classpath() -> list[Path]:
@@ -45,6 +46,7 @@ def _pyspark_classpath() -> list[Path]:
         "jackson-databind-*.jar",
         "jackson-annotations-*.jar",
         "slf4j-api-*.jar",
+        "hadoop-client-api-*.jar",
     )
 
 

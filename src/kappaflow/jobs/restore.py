@@ -32,6 +32,7 @@ from kappaflow.jobs.savepoints import (
     read_markers,
 )
 from kappaflow.settings import Settings
+from kappaflow.streams.output.lake_delta_log import drop_batches_after, is_delta_dir, schema_at
 from kappaflow.streams.output.lake_manifest import MANIFEST_DIR, PUBLISHING_DIR, Manifest, is_record
 from kappaflow.waiting import wait_for
 
@@ -182,6 +183,9 @@ def _lake_schema(location: str | None, batches: Mapping[str, int | None]) -> dic
     path = local_path(location) if location else None
     if last is None or path is None:
         return None
+    if is_delta_dir(path):
+        schema = schema_at(path, last)
+        return None if schema is None else _column_types(schema)
     folder = path / MANIFEST_DIR
     names = sorted(p.name for p in folder.iterdir() if is_record(p.name)) if folder.is_dir() else []
     held = [n for n in names if int(n.removesuffix(".json")) <= last]
@@ -346,7 +350,11 @@ def _restore_markers(settings: Settings, name: str, wanted: Mapping[str, Any]) -
 
 def _drop_lake_batches(root: Path, after: int | None) -> None:
     """Uncommit a lake table's batches after ``after`` (all of them for None): each
-    manifest goes first, which hides its files from readers, then its files."""
+    manifest goes first, which hides its files from readers, then its files; a Delta
+    table's log is truncated before the first commit of a later batch (lake_delta_log)."""
+    if is_delta_dir(root):
+        drop_batches_after(root, after)
+        return
     last = -1 if after is None else after
     for folder in (root / MANIFEST_DIR, root / PUBLISHING_DIR):
         names = (

@@ -69,6 +69,7 @@ from kappaflow.errors import (
 from kappaflow.jobs.files import PLAN, local_path, write_atomically
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
+from kappaflow.streams.output.lake_delta_log import is_delta_dir, last_batch
 from kappaflow.streams.output.lake_manifest import MANIFEST_DIR, is_record
 from kappaflow.timeutil import iso
 from kappaflow.waiting import wait_for
@@ -317,7 +318,10 @@ def read_markers(settings: Settings, name: str) -> dict[str, dict[str, Any]]:
 
 
 def _last_lake_batch(root: Path) -> int | None:
-    """A lake table's last committed batch: its highest manifest (lake_manifest.py)."""
+    """A lake table's last committed batch: the highest its Delta log marks, or (a table of
+    an earlier kappaflow) its highest manifest (lake_manifest.py)."""
+    if is_delta_dir(root):
+        return last_batch(root)
     folder = root / MANIFEST_DIR
     names = [p.name for p in folder.iterdir() if is_record(p.name)] if folder.is_dir() else []
     return max((int(n.removesuffix(".json")) for n in names), default=None)

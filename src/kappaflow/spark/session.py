@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from kappaflow.install.artifacts import spark_connector_jars
+from kappaflow.install.artifacts import lake_delta_jars, spark_connector_jars
 from kappaflow.install.engine import engine_jar
 from kappaflow.install.jdk import find_java
 from kappaflow.install.localfs import FILE_SYSTEM_CONF, local_fs_jar
@@ -36,6 +36,9 @@ logger.kafka.level = error
 # yet, which is how every new window starts.
 logger.tws.name = org.apache.spark.sql.execution.python.streaming
 logger.tws.level = error
+# Delta Kernel warns on every read of a table without a checkpoint yet (a young table).
+logger.deltakernel.name = io.delta.kernel
+logger.deltakernel.level = error
 """
 
 
@@ -70,7 +73,9 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every Spark option kappaflow sets, derived from ``settings``."""
     spark = settings.spark
     # The engine's operators and writers (streams/jvm) run in every session.
-    jars = [str(jar.resolve()) for jar in (*spark_connector_jars(settings), engine_jar(settings))]
+    # Delta Kernel (the lake's table format) too: its classes are in the engine's jar's API.
+    connector = (*spark_connector_jars(settings), *lake_delta_jars(settings))
+    jars = [str(jar.resolve()) for jar in (*connector, engine_jar(settings))]
     ours = f"-Dlog4j2.configurationFile=file:{_log4j_file(settings)}"
     # Classes mapped from setup's archive (cds.py) where there is one.
     archive = archive_options(settings)

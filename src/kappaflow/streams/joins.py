@@ -49,6 +49,10 @@ from kappaflow.streams.model import (
 )
 from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.ops.windowing import key_json
+from kappaflow.streams.output.lake_delta import DELTA_LOG
+from kappaflow.streams.output.lake_fs import HadoopFs
+from kappaflow.streams.output.lake_manifest import MANIFEST_DIR
+from kappaflow.streams.output.lake_read import read_spark
 from kappaflow.streams.schema import RecordSchema, compile_schema
 
 _HOW = ("left", "inner")
@@ -240,13 +244,22 @@ def lake_table(spark: SparkSession, path: str, keys: tuple[str, ...]) -> Referen
     """The Parquet files at ``path`` (a directory) as a table by ``keys``."""
     if not keys:
         raise JoinSpecError(f"table {path!r}: give key=..., the columns that identify a row")
-    frame = spark.read.parquet(path)
+    frame = _lake_or_parquet(spark, path)
     missing = [k for k in keys if k not in frame.columns]
     if missing:
         raise JoinColumnError(
             f"table {path!r} has no key column {missing[0]!r} (columns: {', '.join(frame.columns)})"
         )
     return Reference(path, keys, frame)
+
+
+def _lake_or_parquet(spark: SparkSession, path: str) -> DataFrame:
+    """A lake table's committed rows (a Delta table's latest version, a manifest table's
+    batches), else every Parquet file under ``path``."""
+    fs = HadoopFs(spark, path)
+    if fs.exists(DELTA_LOG) or fs.exists(MANIFEST_DIR):
+        return read_spark(spark, path)
+    return spark.read.parquet(path)
 
 
 def _latest(frame: DataFrame, by: Sequence[str], order: Sequence[str]) -> DataFrame:

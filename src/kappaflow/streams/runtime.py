@@ -38,7 +38,7 @@ from kappaflow.streams.ops import avro as avro_ops
 from kappaflow.streams.ops.session_windows import aggregate_sessions
 from kappaflow.streams.ops.windowing import aggregate_windows, bind_aggregates
 from kappaflow.streams.output.backends import Publisher, ResultStore
-from kappaflow.streams.output.lake import LakeWriter
+from kappaflow.streams.output.lake_delta import DeltaLakeWriter
 from kappaflow.streams.output.postgres import (
     PostgresTable,
     PostgresWriter,
@@ -439,11 +439,12 @@ def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> Ou
         if isinstance(sink, KafkaSink)
     )
     lakes = tuple(
-        LakeWriter(
+        DeltaLakeWriter(
             job.spark,
             _lake_path(sink.table, job.name, backends.lake_root),
             partition_by=sink.partition_by,
             by_date=sink.by_date,
+            app_id=f"kappaflow/{job.name}/{output.name}",
         )
         for sink in output.sinks
         if isinstance(sink, ParquetSink)

@@ -26,6 +26,14 @@ class Entry:
     is_dir: bool
 
 
+@dataclass(frozen=True)
+class FileStatus:
+    """A file's size in bytes and modification time in milliseconds since the epoch."""
+
+    size: int
+    modified: int
+
+
 class HadoopFs:
     """A table root's file system: paths are given relative to the root, as ``a/b/c``."""
 
@@ -67,6 +75,10 @@ class HadoopFs:
             for status in self._fs.listStatus(directory)
         ]
         return sorted(entries, key=lambda entry: entry.name)
+
+    def status(self, relative: str) -> FileStatus:
+        status = self._fs.getFileStatus(self.path(relative))
+        return FileStatus(int(status.getLen()), int(status.getModificationTime()))
 
     def files_under(self, relative: str) -> list[str]:
         """Every file below a directory, as paths relative to that directory."""

@@ -209,6 +209,66 @@ def test_fencing_an_output_aborts_what_every_partitions_writer_left_open(
     assert _values(kafka, out) == []
 
 
+def test_a_partitions_producer_serves_its_next_batches_and_a_fenced_one_reads_the_markers(
+    kafka: Settings, spark: SparkSession, job_topics: tuple[str, str]
+) -> None:
+    job, out = job_topics
+    engine = jvm_engine(spark)
+    config = _config(kafka)
+
+    def batch(b: int) -> DataFrame:
+        return spark.range(0, 60, numPartitions=3).select(
+            F.lit(out).alias("topic"),
+            F.col("id").cast("string").cast("binary").alias("key"),
+            F.format_string(f"b{b}-%d", "id").cast("binary").alias("value"),
+        )
+
+    def write(frame: DataFrame, b: int) -> tuple[dict[str, int], int]:
+        """What the write reports, and how many times its tasks read the markers."""
+        reads = int(engine.KafkaOutput.markerReads())
+        done = engine.KafkaOutput.write(
+            frame._jdf, job, "o", b, b - 1, commits_topic(job), "{}", config
+        )
+        return dict(json.loads(done)), int(engine.KafkaOutput.markerReads()) - reads
+
+    # The first batch opens a producer per partition, each reading the markers once.
+    assert write(batch(0), 0) == ({"records": 60, "written": 60, "skipped": 0}, 3)
+    # The next batches reuse them: no marker read, and a re-run is still skipped.
+    assert write(batch(1), 1) == ({"records": 60, "written": 60, "skipped": 0}, 0)
+    assert write(batch(1), 1) == ({"records": 60, "written": 0, "skipped": 3}, 0)
+
+    # Another writer of partition 2 (another executor's attempt) commits batch 2 there with
+    # its marker: it fences this JVM's producer, whose memory of the markers is stale now.
+    other = transactional_producer(
+        kafka.kafka, str(engine.KafkaOutput.transactionalId(job, "o", 2))
+    )
+    other.begin_transaction()
+    for i in range(40, 60):
+        other.produce(out, value=f"b2-{i}".encode(), key=str(i).encode())
+    marker = {"output": "o", "partition": 2, "written_batch": 2, "batch_id": 1, "records": 20}
+    key = str(engine.KafkaOutput.markerKey("o", 2)).encode()
+    other.produce(commits_topic(job), value=json.dumps(marker).encode(), key=key)
+    other.commit_transaction(30)
+    # Batch 2: partition 2's producer finds itself fenced, a fresh one reads the markers and
+    # skips the partition; the others write theirs without a read.
+    assert write(batch(2), 2) == ({"records": 60, "written": 40, "skipped": 1}, 1)
+    # A zombie fences partition 0's producer with a transaction left open: batch 3 is
+    # written by a fresh producer, which aborts the zombie's.
+    zombie = transactional_producer(
+        kafka.kafka, str(engine.KafkaOutput.transactionalId(job, "o", 0))
+    )
+    zombie.begin_transaction()
+    zombie.produce(out, value=b"zombie", key=b"z")
+    zombie.flush(30)
+    assert write(batch(3), 3) == ({"records": 60, "written": 60, "skipped": 0}, 1)
+    with pytest.raises(KafkaException):
+        zombie.commit_transaction(30)
+
+    values = _values(kafka, out)
+    expected = [f"b{b}-{i}".encode() for b in range(4) for i in range(60)]
+    assert sorted(values) == sorted(expected)
+
+
 # -- a large batch, written without reaching the driver -----------------------------------
 
 #: Row counts the driver's Python process received, per call that moves rows to it.

@@ -14,10 +14,14 @@ every int, float, boolean, array and object mismatch, at any depth (a fraction o
 too large for a long, "123" for an int, "NaN" for a float, 5 for an object). What it does
 not reject:
 
-* any JSON value for a STRING field (a number becomes its text): so strings are read as
-  variants, and settled when ``schema_of_variant`` says STRING (a header check). Reading
-  them as text and sending numeric-looking text ("02139") to the slow path measured the
-  same for clean data but four times slower when a field holds digit strings;
+* any JSON value for a STRING field (a number becomes its text): so the record's top-level
+  strings are read as text and settled by one pass of the engine's streaming JSON parser
+  over the record's bytes (``JsonChecks.java``: each is a JSON string, or null or missing
+  if optional), and strings nested in objects or arrays are read as variants, settled when
+  ``schema_of_variant`` says STRING. A variant and its type's name per string cost more
+  than that pass (YSB's six strings: half the parse's time, benchmarks/ysb.md); sending
+  numeric-looking text ("02139") to the slow path instead measured four times slower
+  when a field holds digit strings;
 * any JSON value for a text field (``str | int``), read as text: a number becomes its
   text, as wanted, but an object, an array or a boolean does too, so text that is
   ``true`` or ``false`` or starts with ``{`` or ``[`` goes to the verdict (where a string
@@ -45,12 +49,14 @@ the difference is the verdict's generated code, present though not run (2 s with
 from __future__ import annotations
 
 import functools
+import json
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.classic.column import Column as ClassicColumn
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -64,6 +70,7 @@ from pyspark.sql.types import (
 )
 
 from kappaflow.errors import TimeFieldTypeError
+from kappaflow.streams.jvm import jvm_engine
 from kappaflow.streams.model import REPLAY_COLUMN
 from kappaflow.streams.schema import Field, Kind, RecordSchema
 
@@ -218,8 +225,15 @@ def _nodes(
 def _fast_path(raw: DataFrame, nodes: tuple[_Node, ...]) -> DataFrame:
     """``raw`` with the checking parse ``_kf_j``, the typed fields ``_kf_f0``… and
     ``_kf_settled``: whether the fast path settles the record as good."""
+    # Top-level strings are read as text, and one pass of the engine's streaming parser over
+    # the record checks that each is a JSON string (JsonChecks.java): a variant per string
+    # and its type's name cost more than the rest of the parse.
+    strings = [n for n in nodes if n.field.kind == "str"]
     fast = StructType(
-        [StructField(n.field.name, _fast_type(n.field)) for n in nodes]
+        [
+            StructField(n.field.name, StringType() if n in strings else _fast_type(n.field))
+            for n in nodes
+        ]
         + [StructField(_CORRUPT, StringType())]
     )
     j = F.col("_kf_j")
@@ -229,18 +243,35 @@ def _fast_path(raw: DataFrame, nodes: tuple[_Node, ...]) -> DataFrame:
     typed = parsed.select(
         "*",
         *[
-            _typed(n.field, j.getField(n.field.name)).alias(f"_kf_f{i}")
+            (
+                j.getField(n.field.name)
+                if n in strings
+                else _typed(n.field, j.getField(n.field.name))
+            ).alias(f"_kf_f{i}")
             for i, n in enumerate(nodes)
         ],
     )
     checks = [j.isNotNull(), j.getField(_CORRUPT).isNull()]
+    if strings:
+        checks.append(_strings_settled(raw, strings))
     for i, n in enumerate(nodes):
+        if n in strings:
+            continue
         check = _settled(n, j.getField(n.field.name), F.col(f"_kf_f{i}"))
         if check is not None:
             checks.append(check)
     # Never null: a null here would send a good record to the verdict as "not valid JSON".
     all_checks = F.coalesce(functools.reduce(operator.and_, checks), F.lit(False))
     return typed.select("*", all_checks.alias("_kf_settled"))
+
+
+def _strings_settled(raw: DataFrame, strings: list[_Node]) -> Column:
+    """Whether each of the top-level string fields ``strings`` holds a JSON string (or, if
+    optional, null or nothing) in the record's bytes."""
+    fields = json.dumps({n.field.name: n.required for n in strings})
+    return ClassicColumn(
+        jvm_engine(raw.sparkSession).JsonChecks.strings(F.col("value")._jc, fields)
+    )
 
 
 def _node(field: Field, path: str, roles: dict[str, str]) -> _Node:

@@ -15,12 +15,14 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicLong;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.PartitionInfo;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -42,11 +44,30 @@ import org.apache.spark.sql.Row;
  * read_committed} consumer: a batch committed there already is skipped. Otherwise it sends the
  * partition's records and the marker in one transaction and commits. Spark re-runs a batch with
  * the same input and state, so a partition's records are the same on a re-run.
+ *
+ * <p>The producer then stays in its JVM for the partition's next batch (TaskProducers), with the
+ * batch it committed: the next batch needs neither {@code initTransactions()} nor a read of the
+ * markers. Its first record, acknowledged before the rest are sent, shows that no other attempt
+ * took the transactional id since (that would have fenced it); if one did, the task starts over
+ * with a fresh producer and reads the markers, as a fresh JVM does.
  */
 public final class KafkaOutput {
   private static final ObjectMapper JSON = new ObjectMapper();
 
+  /** How many times this JVM's tasks read the marker topic. */
+  private static final AtomicLong MARKER_READS = new AtomicLong();
+
   private KafkaOutput() {}
+
+  /** How many times this JVM's tasks read the marker topic (a task's producer new to it). */
+  public static long markerReads() {
+    return MARKER_READS.get();
+  }
+
+  /** How many of the tasks' producers are idle in this JVM, kept for their next batch. */
+  public static int idleProducers() {
+    return TaskProducers.idle();
+  }
 
   /**
    * Writes {@code records} (columns {@code topic} string, {@code key} binary, {@code value}
@@ -106,6 +127,9 @@ public final class KafkaOutput {
       List<Future<?>> fenced = new ArrayList<>();
       for (int partition = 0; partition < partitions; partition++) {
         String id = transactionalId(job, output, partition);
+        // This JVM's own producers of the id would be fenced: closed first (the tasks'
+        // producers are this JVM's in local mode).
+        TaskProducers.drop(id);
         fenced.add(
             pool.submit(
                 () -> {
@@ -192,50 +216,104 @@ public final class KafkaOutput {
       }
       int partition = TaskContext.getPartitionId();
       long timeoutMs = Long.parseLong(config.getOrDefault("transaction.timeout.ms", "60000"));
-      try (KafkaProducer<byte[], byte[]> producer =
-          producer(config, transactionalId(job, output, partition))) {
-        // Fences off an earlier attempt at this partition and aborts what it left open.
-        producer.initTransactions();
-        if (committedBatch(partition, timeoutMs) >= batchId) {
-          long n = 0;
-          for (; rows.hasNext(); rows.next()) {
-            n++;
-          }
-          return Collections.singletonList(new long[] {n, 0, 1}).iterator();
+      String id = transactionalId(job, output, partition);
+      String key = TaskProducers.key(id, config);
+      TaskProducers.Held held = TaskProducers.take(key);
+      try {
+        if (held == null) {
+          held = open(id);
         }
-        producer.beginTransaction();
-        long n = 0;
-        try {
-          while (rows.hasNext()) {
-            Row row = rows.next();
-            byte[] key = row.isNullAt(1) ? null : (byte[]) row.get(1);
-            producer.send(new ProducerRecord<>(row.getString(0), key, (byte[]) row.get(2)));
-            n++;
-          }
-          // The batch written is "written_batch"; "batch_id" and "totals" name the output's
-          // batch committed before it, so that a reader taking the marker of the highest
-          // "batch_id" in the topic finds the output's own marker of that batch, which is
-          // earlier in the log.
-          Map<String, Object> marker = new HashMap<>();
-          marker.put("output", output);
-          marker.put("partition", partition);
-          marker.put("written_batch", batchId);
-          marker.put("batch_id", committed);
-          marker.put("totals", Map.of());
-          marker.put("records", n);
-          byte[] key = markerKey(output, partition).getBytes(StandardCharsets.UTF_8);
-          producer.send(new ProducerRecord<>(markerTopic, key, JSON.writeValueAsBytes(marker)));
-          producer.commitTransaction();
-        } catch (RuntimeException e) {
+        if (held.committed == TaskProducers.UNKNOWN || batchId < held.committed) {
+          // A batch below the one known committed: the job's log was reset; the markers say.
+          held.committed = committedBatch(partition, timeoutMs);
+        }
+        if (held.committed >= batchId) {
+          TaskProducers.give(key, held);
+          return Collections.singletonList(new long[] {count(rows), 0, 1}).iterator();
+        }
+        ProducerRecord<byte[], byte[]> first = record(rows.next());
+        held.producer.beginTransaction();
+        if (held.reused) {
+          // The producer's first record of the batch tells whether it is still the
+          // partition's writer: if another attempt fenced it since its last batch, what this
+          // JVM knows of the markers is stale too, so a fresh producer reads them again.
           try {
-            producer.abortTransaction();
-          } catch (RuntimeException ignored) {
-            // fenced or broken: the next attempt's initTransactions aborts it
+            Future<RecordMetadata> sent = held.producer.send(first);
+            held.producer.flush();
+            sent.get();
+          } catch (ExecutionException | RuntimeException e) {
+            TaskProducers.close(held);
+            held = open(id);
+            held.committed = committedBatch(partition, timeoutMs);
+            if (held.committed >= batchId) {
+              TaskProducers.give(key, held);
+              return Collections.singletonList(new long[] {1 + count(rows), 0, 1}).iterator();
+            }
+            held.producer.beginTransaction();
+            held.producer.send(first);
           }
-          throw e;
+        } else {
+          held.producer.send(first);
         }
+        long n = 1;
+        while (rows.hasNext()) {
+          held.producer.send(record(rows.next()));
+          n++;
+        }
+        // The batch written is "written_batch"; "batch_id" and "totals" name the output's
+        // batch committed before it, so that a reader taking the marker of the highest
+        // "batch_id" in the topic finds the output's own marker of that batch, which is
+        // earlier in the log.
+        Map<String, Object> marker = new HashMap<>();
+        marker.put("output", output);
+        marker.put("partition", partition);
+        marker.put("written_batch", batchId);
+        marker.put("batch_id", committed);
+        marker.put("totals", Map.of());
+        marker.put("records", n);
+        byte[] markerKey = markerKey(output, partition).getBytes(StandardCharsets.UTF_8);
+        held.producer.send(
+            new ProducerRecord<>(markerTopic, markerKey, JSON.writeValueAsBytes(marker)));
+        held.producer.commitTransaction();
+        held.committed = batchId;
+        TaskProducers.give(key, held);
         return Collections.singletonList(new long[] {n, n, 0}).iterator();
+      } catch (Exception | Error e) {
+        if (held != null) {
+          try {
+            held.producer.abortTransaction();
+          } catch (RuntimeException ignored) {
+            // fenced, broken or with nothing open: the next attempt's initTransactions aborts it
+          }
+          TaskProducers.close(held);
+        }
+        throw e;
       }
+    }
+
+    /** A fresh producer of {@code id}: it fences off an earlier one and aborts what it left open. */
+    private TaskProducers.Held open(String id) {
+      KafkaProducer<byte[], byte[]> producer = producer(config, id);
+      try {
+        producer.initTransactions();
+      } catch (RuntimeException e) {
+        producer.close(Duration.ZERO);
+        throw e;
+      }
+      return new TaskProducers.Held(id, producer);
+    }
+
+    private static ProducerRecord<byte[], byte[]> record(Row row) {
+      byte[] key = row.isNullAt(1) ? null : (byte[]) row.get(1);
+      return new ProducerRecord<>(row.getString(0), key, (byte[]) row.get(2));
+    }
+
+    private static long count(Iterator<Row> rows) {
+      long n = 0;
+      for (; rows.hasNext(); rows.next()) {
+        n++;
+      }
+      return n;
     }
 
     /**
@@ -244,6 +322,7 @@ public final class KafkaOutput {
      * open there (another task's, committing) is waited for, at most {@code timeoutMs}.
      */
     private long committedBatch(int partition, long timeoutMs) throws Exception {
+      MARKER_READS.incrementAndGet();
       String wanted = markerKey(output, partition);
       Map<String, Object> props = new HashMap<>(config);
       props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");

@@ -3,6 +3,8 @@ DuckDB, at its latest version and at an earlier one, and compacted."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import duckdb
@@ -10,7 +12,6 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 import kappaflow as kf
-from kappaflow.streams.output.lake_delta import optimize
 from lake_orders import build
 
 
@@ -45,8 +46,16 @@ def test_orders_land_in_a_delta_table_that_other_engines_read(spark: SparkSessio
     assert sorted(first.column("order_id").to_pylist()) == ["o1", "o2"]
 
     before = table.version()
-    done = optimize(spark, root)
-    assert done.version == before + 1  # 2026-11-24/DE had two files
+    # Compaction as a user runs it: `kappaflow lake optimize PATH`.
+    compacted = subprocess.run(
+        [sys.executable, "-m", "kappaflow", "lake", "optimize", root],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert compacted.returncode == 0, compacted.stderr
+    assert DeltaTable(root).version() == before + 1  # 2026-11-24/DE had two files
     assert sorted(DeltaTable(root).to_pyarrow_table().column("order_id").to_pylist()) == [
         "o1",
         "o2",

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.from_build import start_app
+from kappaflow.jobs.status import outputs_status
 from kappaflow.kafka.topics import list_topics
 from kappaflow.procs import free_port
 from kappaflow.settings import Settings
@@ -66,6 +67,40 @@ def test_a_job_keeps_its_checkpoint_and_lake_on_hdfs(
     assert [(c["version"], c["values"]["total"]) for c in changes] == [(1, 10.0), (2, 15.0)]
     rows = sorted((r["version"], r["total"]) for r in read_spark(spark, lake).collect())
     assert rows == [(1, 10.0), (2, 15.0)]
+
+
+@pytest.mark.long
+def test_the_events_a_job_read_are_accounted_with_its_checkpoint_on_hdfs(
+    serving: Settings, spark: SparkSession, new_topic: Callable[..., str], hdfs: str
+) -> None:
+    """``jobs status``'s ``events_read`` is measured from the checkpoint's offsets, which
+    on HDFS only the job's driver reaches: it measures them after each batch, and the
+    status reports what it measured, a duplicate and a record that does not parse
+    included."""
+    settings = serving.model_copy(
+        update={"checkpoint_dir": f"{hdfs}/checkpoints", "lake_dir": f"{hdfs}/lake"}
+    )
+    topic = new_topic()
+    job = f"revenue-{uuid.uuid4().hex[:8]}"
+    context = JobContext(job, {"topic": topic}, spark, settings)
+    first = order("o1", "ada", "DE", 10.0, "2026-11-23T10:00:05Z")
+    send_json(serving, topic, [first, first, b"{not an order"], key="buyer")
+
+    def accounted() -> int:
+        """The records the job's own code accounted for: passed, duplicate, dead letter."""
+        found = outputs_status(settings, job).get("revenue", {})
+        return sum(int(found.get(k) or 0) for k in ("events", "duplicates", "dead_letters"))
+
+    run(start_app(revenue, context), lambda: accounted() == 3)
+    status = outputs_status(settings, job)["revenue"]
+    assert (status["events"], status["duplicates"], status["dead_letters"]) == (1, 1, 1)
+    assert status["events_read"] == 3
+    # Restarted, it counts on from the checkpoint: what it read before, and the new order.
+    second = order("o2", "bob", "DE", 5.0, "2026-11-23T10:00:10Z")
+    send_json(serving, topic, [second], key="buyer")
+    run(start_app(revenue, context), lambda: accounted() == 4)
+    assert outputs_status(settings, job)["revenue"]["events_read"] == 4
+    assert not Path(serving.checkpoint_location, job).exists()
 
 
 def run(queries: list[StreamingQuery], done: Callable[[], bool]) -> None:

@@ -1,8 +1,9 @@
 """Replication to a backup cluster and failover, against two real brokers, MirrorMaker 2,
 Redis and Spark: records copied as they are, topics outside the mirror's pattern not; a
 consumer group and a counting job going on on the backup once the primary is stopped,
-with what is lost and what is read again measured, and the job's accounting after it; and
-a mirror that cannot start leaving nothing behind. (The mirror's configuration and
+with what is lost and what is read again measured, and the job's accounting after it; a
+counting job's batch cut off by the failover run again on the backup; and a mirror that
+cannot start leaving nothing behind. (The mirror's configuration and
 MirrorMaker's records decoded: test_mirror_config.py.)
 
 The module runs one failover: the tests before it use the running primary, the tests
@@ -11,7 +12,9 @@ after it (in this order) what the failover left.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import threading
 import time
 import uuid
@@ -27,8 +30,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from conftest import Result, error_line, make_settings, run_kappaflow
+from faults import CRASH_AT, CRASH_RECORD
+from live_jobs import send_json
 
 from kappaflow.counting.failover import start_from
+from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import KappaflowError, TopicNotFoundError
 from kappaflow.jobs.manager import JobManager
@@ -41,13 +47,14 @@ from kappaflow.procs import ProcState, free_port
 from kappaflow.serving.client import redis_client
 from kappaflow.serving.redis_server import EmbeddedRedis
 from kappaflow.settings import Settings, load_settings
-from kappaflow.spark.checkpoint import batch_end_offsets, last_committed
+from kappaflow.spark.checkpoint import batch_end_offsets, committed, last_committed
 from kappaflow.timeutil import from_epoch_ms, iso, parse_time, to_epoch_ms
 from kappaflow.waiting import wait_for
-from test_counting import DEFINITION
+from test_counting import DEFINITION, events
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
+SUPPORT = Path(__file__).resolve().parent / "support"
 OFFSET_LAG_MAX = 10
 SYNC_INTERVAL_S = 1
 #: Short intervals, so that a test waits seconds, not minutes, for MirrorMaker to notice
@@ -259,6 +266,90 @@ def test_a_mirror_that_cannot_start_leaves_nothing(clusters: Clusters, tmp_path:
         "groups": ".*",
     }
     assert run("mirror", "stop").err.strip() == "mirror was not running"
+
+
+@dataclass
+class Interrupted:
+    """A counting job on the primary whose driver died in the middle of a batch, after
+    its store's writes and inside its Kafka transaction: the batch a failover cuts off."""
+
+    job: str
+    source: str
+    #: Before its first record's timestamp: where it goes on from on the backup.
+    since_ms: int
+    sent: list[dict[str, Any]]
+    #: The step and batch it died in (tests/support/faults.py).
+    crashed: dict[str, Any]
+    #: Its query's checkpoint.
+    query: Path
+
+
+@pytest.fixture(scope="module")
+def interrupted(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Interrupted:
+    primary = clusters.primary
+    source, job = topic(primary), f"cut-{uuid.uuid4().hex[:6]}"
+    since_ms = int(time.time() * 1000) - 1000
+    record = tmp_path_factory.mktemp("crash") / "crash.json"
+    first = events(30)
+    # Each in a transaction of its own: the commit markers take offsets on the primary
+    # that the backup does not have, so the batch the primary planned names offsets that
+    # mean other records on the backup (or none), and only a move by time runs it right.
+    producer = Producer(
+        {**primary.kafka.client_config(), "transactional.id": job, "log_level": "0"}
+    )
+    producer.init_transactions(30)
+    for value in first:
+        producer.begin_transaction()
+        producer.produce(source, key=value["page"], value=json.dumps(value))
+        producer.commit_transaction(30)
+    params = CountSpec(
+        source=source,
+        key_field="page",
+        time_field="ts",
+        id_field="id",
+        window_ms=WINDOW_MS,
+        watermark_ms=5_000,
+        allowed_lateness_ms=20_000,
+    ).to_params()
+    started = clusters.cli(
+        "jobs", "start", job, "--pipeline", "faults:COUNT_WITH_CRASH",
+        *itertools.chain.from_iterable(("-P", f"{k}={v}") for k, v in params.items()),
+        env={
+            "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
+            CRASH_AT: "in-transaction:1",
+            CRASH_RECORD: str(record),
+        },
+    )  # fmt: skip
+    assert started.code == 0, started.err
+    store = CountStore(redis_client(primary), job)
+    wait_for(
+        lambda: True if store.stats().counted == len(first) else None,
+        timeout=180,
+        what="the first batch counted on the primary",
+    )
+    # The next batch's writes die in its transaction.
+    second = [*events(20, start=30), dict(first[-1])]
+    send_json(primary, source, second, key="page")
+    jobs = JobManager(primary)
+    wait_for(
+        lambda: True if record.exists() and jobs.get_state(job) == "crashed" else None,
+        timeout=180,
+        what="the job's driver to die in a batch",
+    )
+    sent = [*first, *second]
+    wait_mirrored(clusters, source, len(sent))
+    crashed = json.loads(record.read_text())
+    query = primary.checkpoint_root / job / "counts"
+    return Interrupted(job, source, since_ms, sent, crashed, query)
+
+
+def test_a_batch_is_cut_off_on_the_primary(interrupted: Interrupted) -> None:
+    """Before the failover: the batch's store writes are done, its Kafka transaction is
+    open, and Spark has not committed it (the failover forgets it: move_source)."""
+    crashed = interrupted.crashed
+    assert crashed["step"] == "in-transaction" and crashed["batch"] >= 1, crashed
+    assert not committed(interrupted.query, crashed["batch"])
+    assert last_committed(interrupted.query) == crashed["batch"] - 1
 
 
 # The failover.
@@ -732,6 +823,61 @@ def test_a_counting_job_goes_on_on_the_backup(clusters: Clusters, failover: Fail
     status = json.loads(clusters.cli(*on_backup, "count", "status", job).out)
     assert status["accounted"] == stats.accounted
     assert status["events_read"] - status["accounted"] == 40, status
+
+
+def test_a_batch_cut_off_by_the_failover_runs_again_on_the_backup(
+    clusters: Clusters, failover: Failover, interrupted: Interrupted
+) -> None:
+    """The job whose batch the failover cut off goes on on the backup from before its
+    first record: the batch runs again there under its id, with the backup's records,
+    and the counts hold every event once, none lost, none counted twice; the backup's
+    changelog has each change once, and ends at each window's count."""
+    job, source, backup = interrupted.job, interrupted.source, clusters.backup
+    on_backup = "--bootstrap-servers", backup.kafka.bootstrap
+    restarted = clusters.cli(
+        *on_backup, "count", "start", job, "--source", source, *DEFINITION,
+        "--from-time", iso(from_epoch_ms(interrupted.since_ms)),
+    )  # fmt: skip
+    assert restarted.code == 0, restarted.err
+    assert "counts: after batch" in restarted.err
+    store = CountStore(redis_client(clusters.primary), job)
+    batch = interrupted.crashed["batch"]
+    try:
+        wait_for(
+            lambda: True if committed(interrupted.query, batch) else None,
+            timeout=180,
+            interval=1,
+            what="the cut-off batch run again on the backup",
+        )
+        # The producers fail over too: more events than the primary's commit markers
+        # took offsets, so that a batch after it that started where the primary's plan
+        # ended would skip some of them.
+        after = events(40, start=51)
+        send_json(backup, source, after, key="page")
+        want = expected([*interrupted.sent, *after])
+
+        def counts() -> dict[tuple[str, int], int]:
+            return {(w.key, w.window_start): w.count for w in store.windows()}
+
+        wait_for(
+            lambda: True if counts() == want else None,
+            timeout=180,
+            interval=1,
+            what="the counts to equal the oracle over every event sent",
+        )
+    finally:
+        clusters.cli("jobs", "stop", job, "--timeout", "10")
+    changes = [json.loads(m["value"]) for m in records(backup, f"{job}.counts")]
+    identities = [(c["page"], c["window_start"], c["version"]) for c in changes]
+    assert changes and len(identities) == len(set(identities)), "a change was published twice"
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for change in changes:
+        window = (change["page"], change["window_start"])
+        if window not in last or change["version"] > last[window]["version"]:
+            last[window] = change
+    for (page, start), change in last.items():
+        held = want[(page, to_epoch_ms(parse_time(start)))]
+        assert (change["values"] or {"count": 0})["count"] == held, change
 
 
 def expected(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:

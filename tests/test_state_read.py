@@ -14,15 +14,11 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from window_runs import run_job
 
 import kappaflow as kf
-from kappaflow.jobs.plan import record_plan
 from kappaflow.jobs.state_read import output_plans, output_state
-from kappaflow.streams.ops.windowing import ENGINE_CONF
-from kappaflow.streams.output.backends import MemoryPublisher, MemoryStore
-from kappaflow.streams.output.lake_fs import HadoopFs
-from kappaflow.streams.runtime import Backends, declare, start_outputs
-from kappaflow.testing import BatchFiles
+from kappaflow.streams.output.backends import MemoryStore
 
 MINUTE = 60_000
 
@@ -90,28 +86,7 @@ BATCHES = [
 
 
 def run(spark: SparkSession, home: Path, engine: str) -> MemoryStore:
-    files = BatchFiles(home / "sources")
-    files.write("orders", BATCHES)
-    spark.conf.set(ENGINE_CONF, engine)
-    try:
-        job = declare(build, "orders", {}, spark, files)
-        store = MemoryStore()
-        backends = Backends(
-            publisher=MemoryPublisher(),
-            store=store,
-            checkpoint_root=str(home / "checkpoints"),
-            lake_root=str(home / "lake"),
-        )
-        # As a job's driver does (jobs/from_build.py): each output's plan beside its query.
-        record_plan(job, HadoopFs(spark, backends.checkpoint_root))
-        for query in start_outputs(job, files, backends, available_now=True):
-            try:
-                assert query.awaitTermination(300), f"{query.name} did not finish"
-                assert query.exception() is None, query.exception()
-            finally:
-                query.stop()
-    finally:
-        spark.conf.unset(ENGINE_CONF)
+    store, _ = run_job(spark, home, build, "orders", "orders", BATCHES, engine, plan=True)
     return store
 
 

@@ -12,13 +12,10 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from window_runs import run_job
 
 import kappaflow as kf
-from kappaflow.streams.ops.windowing import ENGINE_CONF
-from kappaflow.streams.output.backends import MemoryPublisher, MemoryStore
-from kappaflow.streams.runtime import Backends, declare, start_outputs
 from kappaflow.streams.window_engine import RECORD, checkpoint_engine
-from kappaflow.testing import BatchFiles
 
 MINUTE = 60_000
 #: Spark's names of the two operators, in a query's progress.
@@ -46,30 +43,7 @@ def run(
     """Run the job over ``batches`` (those a run before read are read again only by
     name: skipped) on checkpoint ``home/checkpoints``, the session's operator ``engine``:
     the windows it wrote (page, start → count) and the operators its query ran."""
-    files = BatchFiles(home / "sources")
-    files.write("views", batches)
-    spark.conf.set(ENGINE_CONF, engine)
-    try:
-        job = declare(build, "pages", {}, spark, files)
-        store = MemoryStore()
-        backends = Backends(
-            publisher=MemoryPublisher(),
-            store=store,
-            checkpoint_root=str(home / "checkpoints"),
-            lake_root=str(home / "lake"),
-        )
-        queries = start_outputs(job, files, backends, available_now=True)
-        operators: set[str] = set()
-        for query in queries:
-            try:
-                assert query.awaitTermination(300), f"{query.name} did not finish"
-                assert query.exception() is None, query.exception()
-                for progress in query.recentProgress:
-                    operators |= {op.operatorName for op in progress.stateOperators}
-            finally:
-                query.stop()
-    finally:
-        spark.conf.unset(ENGINE_CONF)
+    store, operators = run_job(spark, home, build, "pages", "views", batches, engine)
     windows = store.windows.get("per_page", {})
     counts = {(json.loads(key)[0], start): w["values"]["n"] for (key, start), w in windows.items()}
     return counts, operators

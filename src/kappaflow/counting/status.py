@@ -21,10 +21,10 @@ from kappaflow.counting.spec import REALTIME_PART, CountSpec
 from kappaflow.counting.store import CountStats, CountStore
 from kappaflow.jobs.manager import JobManager, JobRecord
 from kappaflow.jobs.parts import part_state
+from kappaflow.jobs.status import events_read as output_events_read
 from kappaflow.kafka.clients import consumer
 from kappaflow.serving.client import redis_client
 from kappaflow.settings import Settings
-from kappaflow.spark.checkpoint import offsets_consumed
 from kappaflow.timeutil import from_epoch_ms, iso
 
 
@@ -33,10 +33,7 @@ def events_read(settings: Settings, name: str, stats: CountStats) -> int | None:
     None when the checkpoint no longer holds that batch's offsets."""
     if stats.last_batch < 0:
         return 0
-    try:
-        return offsets_consumed(settings.checkpoint_root / name / OUTPUT, stats.last_batch)
-    except FileNotFoundError:
-        return None
+    return output_events_read(settings, name, OUTPUT, stats.last_batch)
 
 
 def count_status(settings: Settings, record: JobRecord) -> dict[str, Any]:

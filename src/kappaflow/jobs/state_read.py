@@ -140,26 +140,40 @@ def _state(spark: SparkSession, checkpoint: str, variable: str) -> list[Row]:
 def _windows(
     spark: SparkSession, checkpoint: str, plan: Mapping[str, Any]
 ) -> Iterator[dict[str, Any]]:
-    described = recorded_aggregates(spark, checkpoint)
+    session = bool(plan.get("session"))
+    return window_state(spark, checkpoint, size_ms=None if session else int(plan["window_ms"]))
+
+
+def window_state(
+    spark: SparkSession,
+    checkpoint: str,
+    *,
+    size_ms: int | None,
+    aggregates: list[dict[str, Any]] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The windows a window query's checkpoint holds as of its last committed batch, as
+    ``output_state``'s rows without ``output`` and ``batch``: windows of ``size_ms``, or
+    sessions (None), whichever operator keeps them. Their aggregates are those the
+    checkpoint records; ``aggregates`` (``describe_aggregates``'s list) stands in for a
+    checkpoint that records none, for a reader that knows them (the counting job's)."""
+    described = recorded_aggregates(spark, checkpoint) or aggregates
     if described is None:
         raise JobStateError(
             f"the window state in {checkpoint} was started before kappaflow recorded its "
             "aggregates: start the job again once (from its checkpoint) to read it"
         )
-    session = bool(plan.get("session"))
-    size_ms = int(plan["window_ms"])
     if checkpoint_engine(spark, checkpoint) == "jvm":
         # Values are read, not folded: no input column.
         specs = [{**d, "input": -1} for d in described]
         decode = jvm_engine(spark).Aggregates.parse(json.dumps(specs))
-        if session:
+        if size_ms is None:
             yield from _java_sessions(spark, checkpoint, decode, len(described))
         else:
             yield from _java_windows(spark, checkpoint, decode, size_ms)
     else:
         bound = [_aggregate(d) for d in described]
         names = [str(d["name"]) for d in described]
-        if session:
+        if size_ms is None:
             yield from _python_sessions(spark, checkpoint, names, bound)
         else:
             yield from _python_windows(spark, checkpoint, names, bound, size_ms)

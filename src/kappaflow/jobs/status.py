@@ -17,7 +17,7 @@ from typing import Any
 
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.spark.checkpoint import offsets_consumed
+from kappaflow.spark.checkpoint import is_remote, offsets_consumed
 
 
 def job_status(settings: Settings, name: str) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
             "batch": status.get("batch_id"),
             "watermark_ms": status.get("watermark"),
             **status.get("totals", {}),
-            "events_read": _events_read(settings, name, output, status.get("batch_id")),
+            "events_read": _events_read(settings, name, output, status),
             "updated_at": status.get("at"),
         }
         entry.update(query_progress(progress.get(f"{name}.{output}")))
@@ -57,13 +57,34 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
     return outputs
 
 
-def _events_read(settings: Settings, job: str, output: str, batch_id: int | None) -> int | None:
-    """Source offsets the output's query consumed through ``batch_id``, from every Kafka
-    source it reads (local checkpoints only; None elsewhere or before the first batch)."""
-    location = settings.checkpoint_location
-    if batch_id is None or ("://" in location and not location.startswith("file:")):
+def _events_read(settings: Settings, job: str, output: str, status: dict[str, Any]) -> int | None:
+    batch_id = status.get("batch_id")
+    if batch_id is None:
         return None
-    query_dir = Path(location.removeprefix("file://")) / job / output
+    return events_read(settings, job, output, int(batch_id), status)
+
+
+def events_read(
+    settings: Settings,
+    job: str,
+    output: str,
+    batch_id: int,
+    status: dict[str, Any] | None = None,
+) -> int | None:
+    """Source offsets the output's query consumed through ``batch_id``, from every Kafka
+    source it reads. A local checkpoint is measured here; one on HDFS or S3, which this
+    process does not reach, by the job's driver after the batch: the output's status
+    (``status``, else its file) has it (streams/output/writer.py). None where neither
+    says, or the status is of another batch."""
+    location = settings.checkpoint_location
+    if is_remote(location):
+        if status is None:
+            status = _json(JobManager(settings).job_dir(job) / "outputs" / f"{output}.json")
+        recorded = (status or {}).get("events_read")
+        if recorded is None or (status or {}).get("batch_id") != batch_id:
+            return None
+        return int(recorded)
+    query_dir = Path(location.removeprefix("file://").removeprefix("file:")) / job / output
     try:
         return offsets_consumed(query_dir, batch_id)
     except (OSError, IndexError, ValueError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Protocol
 
 #: {topic: {partition: offset}}
 Offsets = dict[str, dict[str, int]]
@@ -26,9 +27,42 @@ Offsets = dict[str, dict[str, int]]
 MOVES = "kappaflow-moves.json"
 
 
-def start_offsets(query_dir: Path, source: int = 0) -> Offsets:
+class CheckpointFiles(Protocol):
+    """A query's checkpoint folder on any file system, paths relative to it: a local
+    folder (``LocalFiles``), or one on HDFS or S3 through Hadoop's API, which only a
+    Spark driver reaches (streams/output/lake_fs.py ``HadoopFs``)."""
+
+    def read_text(self, relative: str) -> str: ...
+
+    def exists(self, relative: str) -> bool: ...
+
+
+class LocalFiles:
+    """A query's checkpoint folder on the local disk."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def read_text(self, relative: str) -> str:
+        return (self.folder / relative).read_text()
+
+    def exists(self, relative: str) -> bool:
+        return (self.folder / relative).exists()
+
+
+def is_remote(location: str) -> bool:
+    """Whether a checkpoint location is a URI of a file system other than the local disk
+    (``hdfs://``, ``s3a://``), which only Hadoop's API in a Spark driver reaches."""
+    return "://" in location and not location.startswith("file:")
+
+
+def _files(query_dir: Path | CheckpointFiles) -> CheckpointFiles:
+    return LocalFiles(query_dir) if isinstance(query_dir, Path) else query_dir
+
+
+def start_offsets(query_dir: Path | CheckpointFiles, source: int = 0) -> Offsets:
     """The offsets the query's ``source``-th source started from."""
-    text = (query_dir / "sources" / str(source) / "0").read_bytes().decode().lstrip("\0")
+    text = _files(query_dir).read_text(f"sources/{source}/0").lstrip("\0")
     return _json_line(text.splitlines(), 1)
 
 
@@ -38,17 +72,18 @@ def batch_end_offsets(query_dir: Path, batch_id: int, source: int = 0) -> Offset
     return _json_line(lines, 2 + source)
 
 
-def offsets_consumed(query_dir: Path, batch_id: int) -> int:
+def offsets_consumed(query_dir: Path | CheckpointFiles, batch_id: int) -> int:
     """How many offsets of its Kafka sources (every one: a stream-stream join has two) the
     query consumed in batches 0 to ``batch_id``, counting what a move made it read again
     each time it was read. A partition that appeared after the start counts from offset 0,
     where Spark starts reading a new partition."""
-    lines = (query_dir / "offsets" / str(batch_id)).read_text().splitlines()
-    shifted = sum(m["offsets"] for m in _moves(query_dir) if m["batch"] <= batch_id)
-    return _consumed(query_dir, lines) + shifted
+    files = _files(query_dir)
+    lines = files.read_text(f"offsets/{batch_id}").splitlines()
+    shifted = sum(m["offsets"] for m in _moves(files) if m["batch"] <= batch_id)
+    return _consumed(files, lines) + shifted
 
 
-def _consumed(query_dir: Path, lines: list[str]) -> int:
+def _consumed(query_dir: Path | CheckpointFiles, lines: list[str]) -> int:
     """Offsets between each Kafka source's start and the end offsets of an offset log
     entry's ``lines``.
 
@@ -82,13 +117,13 @@ def _kafka_offsets(line: str) -> Offsets | None:
     return {str(t): {str(p): int(o) for p, o in ps.items()} for t, ps in held.items()}
 
 
-def _moves(query_dir: Path) -> list[dict[str, int]]:
+def _moves(query_dir: Path | CheckpointFiles) -> list[dict[str, int]]:
     """The moves of the query's offsets: the batch whose end offsets each rewrote, and the
     offsets it took away from what the batches up to it had consumed."""
-    path = query_dir / MOVES
-    if not path.exists():
+    files = _files(query_dir)
+    if not files.exists(MOVES):
         return []
-    found: list[dict[str, int]] = json.loads(path.read_text())
+    found: list[dict[str, int]] = json.loads(files.read_text(MOVES))
     return found
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
@@ -41,7 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from kappaflow.errors import CheckpointError, PartialBatchError
-from kappaflow.spark.checkpoint import batch_watermark
+from kappaflow.spark.checkpoint import batch_watermark, is_remote, offsets_consumed
 from kappaflow.streams.kinds import BEHIND, CHANGES, CLOSED, DEAD, LATE, RECORD, STATS
 from kappaflow.streams.model import Source
 from kappaflow.streams.output.backends import BatchAccount, Publisher, Record, ResultStore
@@ -252,6 +253,9 @@ class OutputWriter:
                 )
                 if target.status_dir is not None:
                     status = {"batch_id": batch_id, **marker}
+                    read = _events_read(rows.sparkSession, target.checkpoint, batch_id)
+                    if read is not None:
+                        status["events_read"] = read
                     _write_status(target.status_dir, target.name, status)
             laps.lap("kafka")
             self._step("after-kafka", batch_id)
@@ -496,6 +500,22 @@ def _bytes(texts: Column) -> list[bytes]:
 
 def _added(totals: dict[str, int], batch: dict[str, int]) -> dict[str, int]:
     return {k: totals.get(k, 0) + batch.get(k, 0) for k in totals.keys() | batch.keys()}
+
+
+def _events_read(spark: SparkSession, checkpoint: str, batch_id: int) -> int | None:
+    """The source offsets the query consumed through ``batch_id``, measured from its
+    checkpoint (spark/checkpoint.py) where the checkpoint is not on the local disk: only a
+    driver reaches HDFS or S3, so the status file carries the figure for ``jobs status``
+    (jobs/status.py), which measures a local checkpoint itself. None for a local one."""
+    if not is_remote(checkpoint):
+        return None
+    try:
+        # Spark wrote the batch's offsets before running it, and the sources' starts before.
+        return offsets_consumed(HadoopFs(spark, checkpoint), batch_id)
+    except (OSError, IndexError, ValueError, Py4JJavaError):
+        # An account the checkpoint cannot give is missing from the status, not a reason
+        # to fail the batch.
+        return None
 
 
 def _write_status(folder: Path, output: str, status: dict[str, Any]) -> None:

@@ -116,14 +116,9 @@ def promote(
     live = jobs.get(name)
     if jobs.get_state(shadow) is JobState.ABSENT:
         raise NoShadowError(f"job {name!r}'s shadow {shadow!r} never started")
-    if jobs.is_running(name):
-        jobs.stop(name)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    saved = take(settings, name, f"promote-{stamp}")
     live_root, shadow_root = checkpoint_path(settings, name), checkpoint_path(settings, shadow)
-    held = positions(live_root)
 
-    def caught_up() -> bool | None:
+    def caught_up(held: Mapping[str, tuple[int, int, Ends]]) -> bool | None:
         now = positions(shadow_root)
         for query, (_batch, watermark, ends) in held.items():
             if query not in now:
@@ -133,14 +128,23 @@ def promote(
                 return None
         return True
 
+    # A stopped shadow catches up with nothing: refused before the live job is touched.
+    if not jobs.is_running(shadow) and (
+        jobs.is_running(name) or not caught_up(positions(live_root))
+    ):
+        raise ShadowBehindError(
+            f"job {name!r}'s shadow {shadow!r} is stopped behind the live job: start it "
+            f"again (`kappaflow jobs start {shadow} --app {info['app']} -P "
+            f"kf.shadow_of={name}` with its other -P) and promote once it caught up"
+        )
+    if jobs.is_running(name):
+        jobs.stop(name)
+    held = positions(live_root)
     try:
-        if not jobs.is_running(shadow) and not caught_up():
-            raise ShadowBehindError(
-                f"job {name!r}'s shadow {shadow!r} is stopped behind the live job: start it "
-                "again and promote once it caught up"
-            )
-        wait_for(caught_up, timeout=timeout, interval=0.5, what=f"{shadow} to catch up")
-    except (ShadowBehindError, WaitTimeoutError) as exc:
+        wait_for(
+            lambda: caught_up(held), timeout=timeout, interval=0.5, what=f"{shadow} to catch up"
+        )
+    except WaitTimeoutError:
         jobs.start(
             name,
             live.pipeline,
@@ -148,12 +152,13 @@ def promote(
             overrides=live.overrides,
             config_file=Path(live.config_file) if live.config_file else None,
         )
-        if isinstance(exc, ShadowBehindError):
-            raise
         raise ShadowBehindError(
             f"job {name!r}'s shadow {shadow!r} did not reach the live job's position within "
             f"{timeout:.0f}s: the live job runs again; promote once the shadow caught up"
         ) from None
+    # The live job's checkpoint as it stopped, with its sinks: the version to go back to.
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    saved = take(settings, name, f"promote-{stamp}")
     if jobs.is_running(shadow):
         jobs.stop(shadow)
     bridged = _bridge(settings, name, shadow, held, shadow_root)
@@ -275,7 +280,8 @@ def _take_over(
 
 def _merge_store(settings: Settings, name: str, shadow: str) -> None:
     """The shadow's serving-store keys under the live name: a key's windows (a hash per
-    key) and the keys' sets merged over the live job's, the rest in place of it."""
+    key), a keyed stream's latest records and the keys' sets merged over the live job's,
+    the rest (statistics, open windows) in place of it."""
     from kappaflow.serving.client import redis_client
 
     client = redis_client(settings)
@@ -284,7 +290,7 @@ def _merge_store(settings: Settings, name: str, shadow: str) -> None:
         target = into + key[len(prefix) :]
         kind = client.type(key)
         kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-        if kind == "hash" and b":w:" in key:
+        if kind == "hash" and (b":w:" in key or key.endswith(b":latest")):
             fields: dict[Any, Any] = dict(client.hgetall(key))
             if fields:
                 client.hset(target, mapping=fields)

@@ -256,8 +256,14 @@ def test_shadows_are_diffed_and_one_is_promoted_exactly_once(
         minute(field): json.loads(value)["values"]
         for field, value in store.hgetall(f'kf:{name}:revenue:w:["DE"]').items()
     }
-    assert held["10:00"] == {"n": 3, "total": 16.0}
+    # The store: the shadow's windows merged over the live job's (the new version's
+    # values, biggest included), agreeing with the oracle on what both compute.
     assert held["10:02"] == {"n": 2, "total": 11.0, "biggest": 6.0}
+    for at, values in held.items():
+        if (at, "DE") in expected:
+            assert {a: values[a] for a in ("n", "total")} == {
+                a: expected[(at, "DE")][a] for a in ("n", "total")
+            }
 
 
 # Refusals, on job folders written by hand.

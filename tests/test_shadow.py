@@ -21,7 +21,8 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -36,8 +37,11 @@ from kappaflow.jobs.diff import job_diff
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.jobs.promote import positions, promote
 from kappaflow.jobs.savepoints import checkpoint_path
+from kappaflow.jobs.shadow_names import rename_outputs
 from kappaflow.kafka.topics import create_topic, describe_topic
 from kappaflow.settings import Settings
+from kappaflow.streams.sinks import lake, postgres, store
+from kappaflow.streams.sinks import topic as kafka_topic
 
 ENV = {
     "PYTHONPATH": os.pathsep.join(
@@ -334,3 +338,31 @@ def test_a_promote_to_a_stopped_shadow_behind_the_live_job_is_refused(
     with pytest.raises(KappaflowError) as refused:
         promote(offline, "ahead")
     assert refused.value.code == "KF793"
+
+
+def test_a_shadow_writes_where_no_consumer_of_the_live_job_reads() -> None:
+    named = SimpleNamespace(
+        name="revenue",
+        sinks=(
+            kafka_topic(),
+            kafka_topic("paid", compact=True),
+            store(),
+            lake("revenue"),
+            lake("/data/revenue"),
+            lake("s3a://bucket/revenue/"),
+        ),
+    )
+    rename_outputs(cast(Any, SimpleNamespace(outputs=[named])))
+    # Named after the job: the shadow's by its name. Named outright: renamed.
+    assert named.sinks == (
+        kafka_topic(),
+        kafka_topic("paid.shadow", compact=True),
+        store(),
+        lake("revenue"),
+        lake("/data/revenue.shadow"),
+        lake("s3a://bucket/revenue.shadow"),
+    )
+    shared = SimpleNamespace(name="orders", sinks=(postgres("orders"),))
+    with pytest.raises(KappaflowError) as refused:
+        rename_outputs(cast(Any, SimpleNamespace(outputs=[shared])))
+    assert refused.value.code == "KF791"

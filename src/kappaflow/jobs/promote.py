@@ -6,12 +6,13 @@ Consumers read each window's final values off the topic; "no window lost or writ
 twice" means each (window, key) gets one ``final`` from one version or the other, and
 each correction once. The promote:
 
-1. stops the live job (its batch under way finishes; its checkpoint and sinks agree) and
-   takes a savepoint of it, ``promote-<time>``, to go back to;
+1. stops the live job (its batch under way finishes; its checkpoint and sinks agree),
+   unless the shadow is stopped behind it, which is refused with nothing touched;
 2. waits for the shadow's last committed batch, per output, to have read at least as far
    as the live job's in every source partition, under a watermark at least the live
    job's: every window the live job made final, the shadow has made final too (a key the
-   new version drops aside); then stops the shadow;
+   new version drops aside). Then a savepoint of the live job, ``promote-<time>``, keeps
+   the version to go back to, and the shadow is stopped;
 3. bridges each output's topic: publishes to the live topic, in one transaction, the
    shadow's ``final`` and ``correction`` records of the windows the live job never made
    final, and the shadow's corrections from its batches that read past the live job's

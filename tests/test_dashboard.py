@@ -367,3 +367,57 @@ def test_a_device_metric_is_plotted_with_its_expected_range_and_explained_alerts
     # New readings come into the picture without a reload.
     send_json(served.settings, scores, [score("d1", m, 50.0) for m in range(40, 45)], key="device")
     expect(values).to_have_attribute("data-count", "45", timeout=LIVE_MS)
+
+
+def test_a_jobs_shadow_diff_shows_under_it_and_nothing_without_one(
+    page: Page, site: str, served: Served
+) -> None:
+    # The test job has no shadow: the service answers KF792 and the panel stays hidden.
+    page.goto(f"{site}/dashboard/#job={served.job}")
+    expect(page.locator("[data-testid=job-name]")).to_have_text(served.job, timeout=UI_MS)
+    expect(page.locator("[data-testid=shadow]")).to_be_hidden()
+    # With one (the answer of `jobs diff`, tests/test_shadow.py has the real ones).
+    diff = {
+        "job": served.job,
+        "shadow": f"{served.job}.shadow",
+        "shadow_state": "running",
+        "app": "shop:with_biggest",
+        "started_from": {"replay": True, "why": "asked (--replay)"},
+        "outputs": [
+            {
+                "output": "pages",
+                "status": "compared",
+                "live_topic": f"{served.job}.pages",
+                "shadow_topic": f"{served.job}.shadow.pages",
+                "aggregates": {"common": ["views"], "added": ["users"], "removed": []},
+                "windows": {
+                    "equal": 4,
+                    "different": 2,
+                    "only_live": 1,
+                    "only_shadow": 0,
+                    "pending": 3,
+                    "before_shadow": 0,
+                },
+                "first_difference": {
+                    "window_start": "2026-11-23T10:01:00.000Z",
+                    "key": ["/home"],
+                    "aggregates": ["views"],
+                    "live": {"views": 2},
+                    "shadow": {"views": 1},
+                },
+                "sample": [],
+            }
+        ],
+    }
+    page.route("**/diff", lambda route: route.fulfill(status=200, json=diff))
+    page.reload()
+    panel = page.locator("[data-testid=shadow]")
+    expect(panel).to_be_visible(timeout=UI_MS)
+    expect(panel.locator("[data-testid=shadow-name]")).to_contain_text(f"{served.job}.shadow")
+    row = panel.locator("tr[data-output='pages']")
+    expect(row.locator("td[data-field=different]")).to_have_text("2")
+    expect(row.locator("td[data-field=pending]")).to_have_text("3")
+    expect(row).to_contain_text("+users")
+    expect(row.locator("td[data-field=first_difference]")).to_contain_text(
+        '2026-11-23T10:01:00.000Z ["/home"]: live {"views":2}, shadow {"views":1}'
+    )

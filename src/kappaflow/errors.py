@@ -873,6 +873,36 @@ class FixFailedError(StreamError, RuntimeError):
     exit_code = 1
 
 
+# KF790-KF799: shadow runs of a job's new version (jobs shadow, diff, promote); each
+# derives from the builtin it resembles only, as the KF7xx of jobs have no class of their own.
+
+
+class ShadowExistsError(KappaflowError, FileExistsError):
+    """The job already has a shadow (``jobs shadow NAME --stop`` drops it)."""
+
+    code = "KF790"
+
+
+class ShadowUnsupportedError(KappaflowError, ValueError):
+    """The job cannot be shadowed: not a job on the job API, in real-time mode, or
+    writing a PostgreSQL table the shadow would share."""
+
+    code = "KF791"
+
+
+class NoShadowError(KappaflowError, LookupError):
+    """The job has no shadow to diff, promote or drop."""
+
+    code = "KF792"
+
+
+class ShadowBehindError(KappaflowError, TimeoutError):
+    """At a promote, the shadow did not reach the live job's position (source offsets and
+    watermark) in time, or is stopped behind it: the live job was started again."""
+
+    code = "KF793"
+
+
 # KF8xx: the HTTP APIs. Each class has the HTTP status its answer carries.
 
 

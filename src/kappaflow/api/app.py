@@ -12,6 +12,7 @@ status of its kind (docs/errors.md). The OpenAPI description is at ``/openapi.js
   their running totals; under ``/v1/jobs/{job}/outputs/{output}/``: ``keys``, a key's
   ``windows`` in a time range, the ``windows/latest`` across keys, the ``top`` keys of
   a window, and a keyed stream's ``latest`` record per key.
+- ``GET /v1/jobs/{job}/diff``: the job's windows against its shadow's (``jobs diff``).
 
 Keys are given as the store holds them, a JSON array of the key's columns
 (``["dev-1","cpu_temp"]``); a key of one column may be given as its bare text (``/home``).
@@ -164,6 +165,15 @@ def create_app(settings: Settings) -> FastAPI:
         if pending:
             found = [letter for letter in found if not letter.replayed]
         return {"items": [letter.as_json() for letter in found[:limit]]}
+
+    @app.get(
+        "/v1/jobs/{job}/diff",
+        summary="Per output, the windows whose final values differ between the job and its shadow.",
+    )
+    def job_diff(job: str, sample: int = 5) -> dict[str, Any]:
+        from kappaflow.jobs.diff import job_diff
+
+        return job_diff(settings, job, sample=sample)
 
     def known_job(job: str) -> None:
         jobs.get(job)  # JobNotFoundError (KF601, 404) for a job never started

@@ -1,5 +1,5 @@
 """``kappaflow jobs``: start, check, list, stop, remove, take savepoints of and read the
-state and logs of streaming jobs."""
+state and logs of streaming jobs; shadow, diff and promote a new version."""
 
 from __future__ import annotations
 
@@ -328,3 +328,95 @@ def logs(ctx: Context, name: str, lines: int) -> None:
     """The last lines of job NAME's driver log."""
     for line in JobManager(ctx.settings).log_lines(name, lines):
         click.echo(line)
+
+
+@jobs.command("shadow")
+@click.argument("name")
+@_app_options
+@click.option("--replay", is_flag=True, help="fresh state from the sources' start, always")
+@click.option("--stop", "stop_", is_flag=True, help="stop the shadow and drop what it wrote")
+@pass_context
+def shadow(
+    ctx: Context, name: str, app: str | None, params: tuple[str, ...], replay: bool, stop_: bool
+) -> None:
+    """Run a new version of live job NAME beside it as NAME.shadow, on the same sources,
+    writing outputs of its own: from a savepoint of NAME where its state can take it, else
+    with fresh state from the sources' start. --stop drops the shadow."""
+    from kappaflow.jobs import shadows
+
+    if stop_:
+        if app is not None or params:
+            raise ConflictingOptionsError("--stop takes no --app or -P")
+        say(f"shadow {shadows.drop(ctx.settings, name)} of job {name} stopped and removed")
+        return
+    if app is None:
+        raise ConflictingOptionsError("jobs shadow needs --app MODULE:FUNCTION (or --stop)")
+    _importable_here()
+    info = shadows.start(
+        ctx.settings,
+        name,
+        app,
+        _parsed_params(params),
+        replay=replay,
+        overrides=ctx.overrides,
+        config_file=ctx.config_file,
+    )
+    started = info["started_from"]
+    if started["replay"]:
+        how = f"with fresh state from its sources' start: {started['why']}"
+    else:
+        how = f"from savepoint {started['savepoint']} of {name}"
+    say(f"shadow {info['job']} of job {name} running, {how}")
+
+
+@jobs.command("diff")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--sample", default=5, show_default=True, help="differences shown per output")
+@pass_context
+def diff(ctx: Context, name: str, as_json: bool, sample: int) -> None:
+    """Per output, the windows whose final values differ between live job NAME and its
+    shadow: counts, a sample and the first difference; aggregates only one side computes
+    are listed as added or removed."""
+    from kappaflow.jobs.diff import job_diff
+
+    found = job_diff(ctx.settings, name, sample=sample)
+    if as_json:
+        json_line(found)
+        return
+    say(f"job {name} against {found['shadow']} ({found['shadow_state']}, {found['app']})")
+    for output in found["outputs"]:
+        if output["status"] != "compared":
+            click.echo(f"  {output['output']}: output {output['status']}")
+            continue
+        aggregates = output["aggregates"]
+        counts = " ".join(f"{k}={v}" for k, v in output["windows"].items())
+        click.echo(f"  {output['output']}: {counts}")
+        for kind in ("added", "removed"):
+            if aggregates[kind]:
+                click.echo(f"    aggregates {kind}: {', '.join(aggregates[kind])}")
+        first = output["first_difference"]
+        if first is not None:
+            click.echo(
+                f"    first difference: window {first['window_start']} key {first['key']}: "
+                f"live {first['live']} shadow {first['shadow']}"
+            )
+
+
+@jobs.command("promote")
+@click.argument("name")
+@click.option(
+    "--timeout", default=300.0, show_default=True, help="seconds for the shadow to catch up"
+)
+@pass_context
+def promote(ctx: Context, name: str, timeout: float) -> None:
+    """Stop live job NAME and let its shadow take over its outputs, exactly once: NAME
+    runs the shadow's version from the shadow's state, and the shadow is dropped."""
+    from kappaflow.jobs.promote import promote as promote_job
+
+    done = promote_job(ctx.settings, name, timeout=timeout)
+    bridged = sum(done["bridged"].values())
+    say(
+        f"job {name} runs {done['app']}: the shadow's state and outputs took over "
+        f"({bridged} records bridged; savepoint {done['savepoint']} holds the version before)"
+    )

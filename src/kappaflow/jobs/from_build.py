@@ -14,6 +14,7 @@ from kappaflow.jobs.contract import JobContext, Part, Pipeline
 from kappaflow.jobs.files import PLAN, record_resources, write_atomically
 from kappaflow.jobs.plan import record_plan, verify_restart
 from kappaflow.jobs.resources import job_resources
+from kappaflow.jobs.shadow_names import SHADOW_PARAM, rename_outputs
 from kappaflow.kafka.topics import create_topic, list_topics, topic_partitions
 from kappaflow.postgresql.server import connect
 from kappaflow.serving.client import redis_client
@@ -76,6 +77,10 @@ def start_app(
     reader = KafkaReader(settings)
     ship_user_code(ctx.spark, build)
     job = declare(build, ctx.name, ctx.params, ctx.spark, reader)
+    if SHADOW_PARAM in ctx.params:
+        # A shadow of a live job (jobs/shadow_names.py): the places its sinks name outright
+        # are its own, before any is created or written.
+        rename_outputs(job)
     if real_time:
         # Before anything is created: a job real-time mode cannot run leaves nothing.
         refuse_python(job)

@@ -283,7 +283,7 @@ def restore(
         home / RESTORING,
         json.dumps({"savepoint": savepoint.label, "path": str(savepoint.path)}) + "\n",
     )
-    _restore_markers(settings, name, savepoint.manifest["sinks"]["commit_markers"])
+    restore_markers(settings, name, savepoint.manifest["sinks"]["commit_markers"])
     if client is not None:
         from kappaflow.serving.client import drop_job_keys
 
@@ -293,7 +293,7 @@ def restore(
             client.restore(key, int(entry["ttl_ms"]), dumped, replace=True)
     for location, path in sorted(paths.items()):
         _drop_lake_batches(path, after=lakes[location])
-    _restore_checkpoint(settings, name, savepoint)
+    restore_checkpoint(settings, name, savepoint)
     shutil.rmtree(home / OUTPUTS, ignore_errors=True)
     if (savepoint.path / OUTPUTS).is_dir():
         shutil.copytree(savepoint.path / OUTPUTS, home / OUTPUTS)
@@ -313,7 +313,7 @@ def _stored(savepoint: Savepoint) -> list[dict[str, Any]]:
     return entries
 
 
-def _restore_markers(settings: Settings, name: str, wanted: Mapping[str, Any]) -> None:
+def restore_markers(settings: Settings, name: str, wanted: Mapping[str, Any]) -> None:
     """Make ``NAME.commits`` hold ``wanted`` as each output's last marker. Its readers
     take each output's highest batch, so markers that moved past the savepoint's go with
     the topic, which is made anew with the savepoint's."""
@@ -376,7 +376,7 @@ def _unlink(path: Path) -> None:
     (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
 
 
-def _restore_checkpoint(settings: Settings, name: str, savepoint: Savepoint) -> None:
+def restore_checkpoint(settings: Settings, name: str, savepoint: Savepoint) -> None:
     """The savepoint's checkpoint in place of the job's: copied beside it, then swapped
     in by renames, so the job's folder is at all times one checkpoint or the other."""
     root = checkpoint_path(settings, name)
@@ -386,14 +386,14 @@ def _restore_checkpoint(settings: Settings, name: str, savepoint: Savepoint) -> 
         shutil.rmtree(scratch, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(savepoint.checkpoint, incoming)
-    _relocate(incoming, str(savepoint.manifest["checkpoint"]), str(root.absolute()))
+    relocate(incoming, str(savepoint.manifest["checkpoint"]), str(root.absolute()))
     if root.exists():
         root.rename(outgoing)
     incoming.rename(root)
     shutil.rmtree(outgoing, ignore_errors=True)
 
 
-def _relocate(checkpoint: Path, old: str, new: str) -> None:
+def relocate(checkpoint: Path, old: str, new: str) -> None:
     """Make a checkpoint copied from ``old`` to ``new`` name its own files. Nearly every
     path in a checkpoint is relative; Spark's operator metadata (``state/N/_metadata``)
     names a stateful operator's schema files by absolute URI, which would still point

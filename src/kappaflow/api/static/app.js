@@ -6,6 +6,7 @@ import { request, session, signIn, signOut } from "./api.js";
 import { LineChart, compact } from "./charts.js";
 import { DeviceView } from "./device.js";
 import { ResultsView } from "./results.js";
+import { ShadowView } from "./shadow.js";
 import { Letters, TopicBrowser } from "./topics.js";
 
 const POLL_MS = 1500;
@@ -78,6 +79,7 @@ class Dashboard {
     this.history = new Map(); // "job/output" → [{t, row}]
     this.results = new ResultsView($("results"));
     this.letters = new Letters($("letters"));
+    this.shadow = new ShadowView($("shadow"));
     this.topics = new TopicBrowser($("topics"), () => {});
     this.device = new DeviceView($("device"));
     this.charts = CHARTS.map(([title, testid, series]) =>
@@ -236,6 +238,7 @@ class Dashboard {
       this.output = output;
       this.results.hide();
       this.letters.close();
+      $("shadow").hidden = true;
       $("outputs").querySelector("tbody").replaceChildren();
     } else if (output) {
       this.output = output;
@@ -287,6 +290,7 @@ class Dashboard {
       this.results.show(job, this.output, described);
     }
     this.letters.show(job, this.plan);
+    this.shadow.show(job).catch(() => {});
   }
 
   showOutputs(outputs) {

@@ -37,6 +37,7 @@ def test_exported_members() -> None:
         "min",
         "parse_duration",
         "postgres",
+        "protobuf",
         "stateful",
         "store",
         "sum",

@@ -1,11 +1,13 @@
 """The schema registry against the real components: the registry process started,
 asked and stopped by `kappaflow registry`, its schemas in a Kafka topic (a restart serves
 the same ids), confluent-kafka's own registry client and Avro serializer talking to it,
-compatibility refused with the field named, and Avro records decoded by a job's source in
-Spark, evolved ones included, with what does not decode in the dead letters."""
+compatibility refused with the field named, and Avro and Protobuf records decoded by a
+job's source in Spark, evolved ones included, with what does not decode in the dead
+letters, and written by a job's sink for confluent-kafka's deserializers."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import uuid
@@ -17,8 +19,10 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from conftest import Result, error_line, run_kappaflow
+from google.protobuf import json_format
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -29,6 +33,8 @@ from kappaflow.kafka.records import StartAt, read_records
 from kappaflow.procs import free_port
 from kappaflow.registry.client import Registered, RegistryClient
 from kappaflow.registry.compat import can_read, check
+from kappaflow.registry.protobuf import check as proto_check
+from kappaflow.registry.protobuf import parse as proto_parse
 from kappaflow.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -364,3 +370,274 @@ def _client(settings: Settings) -> RegistryClient:
 
 def _registered(settings: Settings, subject: str, version: int) -> Registered:
     return RegistryClient(settings.registry.url).version(subject, str(version))
+
+
+# -- Protobuf: the registry's compatibility, sources and sinks
+
+PROTO_V1 = """syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+
+message Order {
+  string id = 1;
+  double amount = 2;
+  google.protobuf.Timestamp at = 3;
+  enum Status { NEW = 0; PAID = 1; }
+  Status status = 4;
+  message Line { string sku = 1; int64 qty = 2; }
+  repeated Line lines = 5;
+  map<string, string> tags = 6;
+}
+"""
+# A field added: compatible.
+PROTO_V2 = PROTO_V1.replace(
+    "  map<string, string> tags = 6;\n", "  map<string, string> tags = 6;\n  string region = 7;\n"
+)
+# amount removed and its number reused for a string: old and new data no longer agree.
+PROTO_REUSED = PROTO_V1.replace("double amount = 2;", "string coupon = 2;")
+
+
+def _proto_class(text: str, name: str = "shop.Order") -> Any:
+    """The Python message class of ``name`` in ``text``, built at test time (a pool of
+    its own, so versions of one file do not clash)."""
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    for proto in proto_parse(text).files.file:
+        pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+
+def test_protobuf_compatibility_names_the_field() -> None:
+    assert proto_check("BACKWARD", PROTO_V2, [PROTO_V1]) == []
+    [problem] = proto_check("BACKWARD", PROTO_REUSED, [PROTO_V1])
+    assert "'amount' (number 2)" in problem and "'coupon'" in problem
+    assert "was double, is string" in problem
+    assert proto_check("NONE", PROTO_REUSED, [PROTO_V1]) == []
+    # Removing a field alone is compatible; a message removed is not.
+    removed = PROTO_V1.replace("  double amount = 2;\n", "")
+    assert proto_check("FULL", removed, [PROTO_V1]) == []
+    renamed = PROTO_V1.replace("message Line", "message Item").replace("Line lines", "Item lines")
+    assert any(
+        "message shop.Order.Line was removed" in p
+        for p in proto_check("BACKWARD", renamed, [PROTO_V1])
+    )
+    # int32 and int64 read each other's bytes: compatible.
+    widened = PROTO_V1.replace("int64 qty", "int32 qty")
+    assert proto_check("BACKWARD", widened, [PROTO_V1]) == []
+
+
+def test_protobuf_subjects_in_the_registry(registry: Settings) -> None:
+    subject, client = _subject(), _client(registry)
+    first = client.register(subject, PROTO_V1, "PROTOBUF")
+    assert client.register(subject, PROTO_V2, "PROTOBUF") > first
+    with pytest.raises(RegistryRequestError) as refused:
+        client.register(subject, PROTO_REUSED, "PROTOBUF")
+    said = str(refused.value)
+    assert ": 409 " in said and "'amount' (number 2)" in said and "string" in said
+    with pytest.raises(RegistryRequestError) as invalid:
+        client.register(subject, 'syntax = "proto3"; message X { strin id = 1; }', "PROTOBUF")
+    assert ": 422 " in str(invalid.value) and '"strin" is not defined' in str(invalid.value)
+    # confluent-kafka's clients ask for the descriptor form of a text schema.
+    found = SchemaRegistryClient({"url": registry.registry.url}).get_schema(first, fmt="serialized")
+    assert found.schema_type == "PROTOBUF"
+    assert "shop" in base64.b64decode(found.schema_str or "").decode(errors="replace")
+
+
+@dataclass
+class Line:
+    sku: str
+    qty: int
+
+
+@dataclass
+class Tag:
+    key: str
+    value: str
+
+
+@dataclass
+class ProtoOrder:
+    id: str
+    amount: float
+    at: kf.EventTime
+    status: str
+    lines: list[Line]
+    tags: list[Tag]
+    region: str | None = None
+
+
+@dataclass
+class Mistyped:
+    id: int
+    at: kf.EventTime
+    coupon: str
+
+
+def _proto_serialized(
+    settings: Settings, subject: str, text: str, rows: list[dict[str, Any]]
+) -> list[bytes]:
+    """Rows as confluent-kafka's Protobuf serializer writes them, registering ``text``
+    (as its descriptor, as that client does) under ``subject`` in our registry."""
+    cls = _proto_class(text)
+    serializer = ProtobufSerializer(
+        cls,
+        SchemaRegistryClient({"url": settings.registry.url}),
+        {"auto.register.schemas": True, "subject.name.strategy": lambda *_: subject},
+    )
+    context = SerializationContext("orders", MessageField.VALUE)
+    out = []
+    for row in rows:
+        message = cls()
+        json_format.ParseDict(row, message)
+        out.append(serializer(message, context))
+    assert all(isinstance(b, bytes) for b in out)
+    return [b for b in out if b is not None]
+
+
+def test_a_protobuf_source_through_kafka(
+    registry: Settings, spark: SparkSession, new_topic: Any
+) -> None:
+    subject = _subject()
+    old = _proto_serialized(
+        registry,
+        subject,
+        PROTO_V1,
+        [
+            {
+                "id": "a",
+                "amount": 2.5,
+                "at": "2023-11-14T22:13:20Z",
+                "status": "PAID",
+                "lines": [{"sku": "x", "qty": 2}],
+                "tags": {"k": "v"},
+            }
+        ],
+    )
+    new = _proto_serialized(
+        registry,
+        subject,
+        PROTO_V2,
+        [{"id": "b", "amount": 4.0, "at": "2023-11-14T22:13:21.500Z", "region": "us"}],
+    )
+    versions = [_registered(registry, subject, n) for n in (1, 2)]
+    assert [v.schema_type for v in versions] == ["PROTOBUF", "PROTOBUF"]
+    assert old[0][0] == 0 and struct.unpack(">I", old[0][1:5])[0] == versions[0].id
+    assert old[0][5] == 0  # message indexes: [0], the first message
+    assert struct.unpack(">I", new[0][1:5])[0] == versions[1].id
+    unknown = b"\x00" + struct.pack(">I", 99_999) + old[0][5:]
+    truncated = old[0][:12]
+    topic = new_topic()
+    sent = producer(registry.kafka)
+    for value in [*old, *new, b'{"id": "json"}', unknown, truncated]:
+        sent.produce(topic, value)
+    sent.flush(30)
+    logged = [m.value() for m in read_records(registry.kafka, topic, start=StartAt(beginning=True))]
+    assert logged == [*old, *new, b'{"id": "json"}', unknown, truncated]
+    url = registry.registry.url
+
+    def orders(job: kf.Job) -> None:
+        job.source("orders", ProtoOrder, format=kf.protobuf(subject, url=url), key="id").to(
+            kf.topic("decoded")
+        )
+
+    out = kf.testing.run(orders, {"orders": [logged]}, spark=spark, name="orders")
+    assert out.records("decoded") == [
+        {
+            "id": "a",
+            "amount": 2.5,
+            "at": "2023-11-14T22:13:20.000Z",
+            "status": "PAID",
+            "lines": [{"sku": "x", "qty": 2}],
+            "tags": [{"key": "k", "value": "v"}],
+            "region": "",
+        },
+        {
+            "id": "b",
+            "amount": 4.0,
+            "at": "2023-11-14T22:13:21.500Z",
+            "status": "NEW",
+            "lines": [],
+            "tags": [],
+            "region": "us",
+        },
+    ]
+    dead = sorted(out.dead_letters, key=lambda d: d["source_offset"])
+    assert [d["source_offset"] for d in dead] == [2, 3, 4]
+    assert "wire format" in dead[0]["error"]
+    assert "schema id 99999 is not a version" in dead[1]["error"]
+    assert f"does not decode as Protobuf with schema id {versions[0].id}" in dead[2]["error"]
+    assert [d["value"] for d in dead] == [b'{"id": "json"}', unknown, truncated]
+
+    # Without a record type: the subject's latest message is the record type.
+    def latest(job: kf.Job) -> None:
+        job.source("orders", kf.protobuf(subject, url=url), time="at").select(
+            "id", "status", F.col("region")
+        ).to(kf.topic("plain"))
+
+    plain = kf.testing.run(latest, {"orders": [logged[:2]]}, spark=spark, name="latest")
+    assert plain.records("plain") == [
+        {"id": "a", "status": "PAID", "region": ""},
+        {"id": "b", "status": "NEW", "region": "us"},
+    ]
+
+    # A record type that cannot read the message: refused at the start, naming fields.
+    def mistyped(job: kf.Job) -> None:
+        job.source("orders", Mistyped, format=kf.protobuf(subject, url=url)).to(kf.topic("x"))
+
+    with pytest.raises(SchemaIncompatibleError) as refused:
+        kf.testing.run(mistyped, {"orders": [[]]}, spark=spark, name="mistyped")
+    said = str(refused.value)
+    assert refused.value.code == "KF755" and "message shop.Order" in said
+    assert "field 'id' is string, which a int cannot read" in said
+    assert "field 'coupon' is not in message Order" in said
+
+
+def test_a_protobuf_sink_that_confluent_clients_read(
+    registry: Settings, spark: SparkSession
+) -> None:
+    source, sink = _subject(), _subject()
+    orders = _proto_serialized(
+        registry,
+        source,
+        PROTO_V2,
+        [
+            {"id": "a", "amount": 2.5, "at": "2023-11-14T22:13:20Z", "region": "us"},
+            {"id": "b", "amount": 900.0, "at": "2023-11-14T22:13:21Z", "region": "eu"},
+        ],
+    )
+    url = registry.registry.url
+
+    def big(job: kf.Job) -> None:
+        job.source("orders", ProtoOrder, format=kf.protobuf(source, url=url), key="id").where(
+            F.col("amount") > 100
+        ).select("id", "amount", "at", "lines").to(
+            kf.topic("big", format=kf.protobuf(sink, url=url))
+        )
+
+    out = kf.testing.run(big, {"orders": [orders]}, spark=spark, name="big")
+    [(key, value)] = out.publisher.topics["big"]
+    assert key is not None and json.loads(key) == ["b"]
+    registered = _registered(registry, sink, 1)
+    assert registered.schema_type == "PROTOBUF" and "message big_big" in registered.schema
+    assert value[0] == 0 and struct.unpack(">I", value[1:5])[0] == registered.id
+    cls = _proto_class(registered.schema, "kappaflow.big_big")
+    reader = ProtobufDeserializer(cls, {"use.deprecated.format": False})
+    decoded = reader(value, SerializationContext("big", MessageField.VALUE))
+    assert decoded.id == "b" and decoded.amount == 900.0
+    assert decoded.at.ToDatetime(tzinfo=UTC) == datetime(2023, 11, 14, 22, 13, 21, tzinfo=UTC)
+    assert list(decoded.lines) == []
+
+    # The job changed to write the amount as text: its number now holds a string, a
+    # breaking change for the subject, refused at the start, naming the field.
+    def as_text(job: kf.Job) -> None:
+        job.source("orders", ProtoOrder, format=kf.protobuf(source, url=url), key="id").select(
+            "id", F.col("amount").cast("string").alias("amount"), "at", "lines"
+        ).to(kf.topic("big", format=kf.protobuf(sink, url=url)))
+
+    with pytest.raises(SchemaIncompatibleError) as refused:
+        kf.testing.run(as_text, {"orders": [orders]}, spark=spark, name="big")
+    assert refused.value.code == "KF755"
+    assert "'amount' (number 2)" in str(refused.value) and "was double, is string" in str(
+        refused.value
+    )

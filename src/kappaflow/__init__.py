@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from kappaflow.streams.aggregates import min as min
     from kappaflow.streams.aggregates import sum as sum
     from kappaflow.streams.formats import avro as avro
+    from kappaflow.streams.formats import protobuf as protobuf
     from kappaflow.streams.job import Job as Job
     from kappaflow.streams.job import Stream as Stream
     from kappaflow.streams.job import Table as Table
@@ -71,6 +72,7 @@ _API = {
     "logged_at": "kappaflow.streams.model",
     # Source formats besides JSON (docs/registry.md).
     "avro": "kappaflow.streams.formats",
+    "protobuf": "kappaflow.streams.formats",
     # Aggregates.
     "count": "kappaflow.streams.aggregates",
     "sum": "kappaflow.streams.aggregates",

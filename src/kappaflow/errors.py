@@ -844,7 +844,8 @@ class SchemaIncompatibleError(StreamError, TypeError):
 
 class SchemaFormatError(StreamError, ValueError):
     """A source's format cannot be used: its subject is unknown to the registry, its
-    schema is not Avro, or a type in it has no Spark counterpart."""
+    schema is not of the format's type (Avro, Protobuf) or does not compile, or a type in
+    it has no Spark counterpart."""
 
     code = "KF756"
 

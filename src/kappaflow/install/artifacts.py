@@ -77,6 +77,7 @@ SPARK_CONNECTOR = JarSet(
         "jedis",
         "postgresql",
         "spark-avro_2.13",
+        "protobuf-java",
     ),
 )
 

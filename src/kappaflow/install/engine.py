@@ -16,9 +16,10 @@ from kappaflow.install.jdk import ensure_javac
 from kappaflow.settings import Settings
 
 #: The clients the tasks' writers compile against (KafkaOutput.java: Kafka's;
-#: RedisOutput.java: Redis's; PostgresOutput.java: PostgreSQL's JDBC driver): PySpark does
-#: not ship them; the connector's jars, which setup resolves, hold them.
-_CONNECTOR_JARS = ("kafka-clients-", "jedis-", "postgresql-")
+#: RedisOutput.java: Redis's; PostgresOutput.java: PostgreSQL's JDBC driver;
+#: Protobuf.java: protobuf-java): PySpark does not ship them; the connector's jars, which
+#: setup resolves, hold them.
+_CONNECTOR_JARS = ("kafka-clients-", "jedis-", "postgresql-", "protobuf-java-")
 
 
 def _classpath(settings: Settings) -> list[Path]:

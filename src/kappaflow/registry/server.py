@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from kappaflow.kafka.clients import admin, consumer, producer
+from kappaflow.registry import protobuf
 from kappaflow.registry.compat import LEVELS, SchemaParseError, check, parse
 from kappaflow.settings import Settings
 from kappaflow.waiting import wait_for
@@ -195,9 +196,18 @@ class Registry:
     def problems(
         self, subject: str, schema: str, schema_type: str, against: list[Version]
     ) -> list[str]:
+        if schema_type == "PROTOBUF":
+            try:
+                return protobuf.check(
+                    self.level(subject),
+                    schema,
+                    [v.schema for v in against if v.schema_type == "PROTOBUF"],
+                )
+            except protobuf.ProtoCompileError as exc:
+                raise RegistryAnswerError(422, 42201, f"Invalid schema: {exc}") from None
         if schema_type != "AVRO":
-            # Protobuf and JSON Schema are stored and served; their compatibility is not
-            # checked here (docs/registry.md).
+            # JSON Schema is stored and served; its compatibility is not checked here
+            # (docs/registry.md).
             return []
         try:
             return check(
@@ -213,6 +223,11 @@ class Registry:
             try:
                 parse(schema)
             except SchemaParseError as exc:
+                raise RegistryAnswerError(422, 42201, f"Invalid schema: {exc}") from None
+        if schema_type == "PROTOBUF":
+            try:
+                protobuf.parse(schema)
+            except protobuf.ProtoCompileError as exc:
                 raise RegistryAnswerError(422, 42201, f"Invalid schema: {exc}") from None
         with self.lock:
             existing = self.lookup(subject, schema, schema_type)
@@ -257,6 +272,18 @@ def _watermarks(reader: Any, topic: str) -> tuple[int, int] | None:
     except KafkaException:
         return None
     return int(low), int(high)
+
+
+def _formatted(version: Version, query: dict[str, list[str]]) -> str:
+    """A version's schema text in the form ``?format=`` asks for: ``serialized``, a
+    Protobuf schema as a base64 FileDescriptorProto (confluent-kafka's Python clients ask
+    for that); otherwise as registered."""
+    if version.schema_type == "PROTOBUF" and query.get("format") == ["serialized"]:
+        try:
+            return protobuf.serialized(version.schema)
+        except protobuf.ProtoCompileError as exc:
+            raise RegistryAnswerError(422, 42201, f"Invalid schema: {exc}") from None
+    return version.schema
 
 
 def _canonical(schema: str, schema_type: str) -> str:
@@ -353,7 +380,7 @@ class Handler(BaseHTTPRequestHandler):
         found = self.registry.by_id.get(int(id))
         if found is None:
             raise RegistryAnswerError(404, 40403, f"Schema {id} not found")
-        answer: dict[str, Any] = {"schema": found.schema}
+        answer: dict[str, Any] = {"schema": _formatted(found, query)}
         if found.schema_type != "AVRO":
             answer["schemaType"] = found.schema_type
         return answer
@@ -365,7 +392,9 @@ class Handler(BaseHTTPRequestHandler):
         return [v.version for v in self.registry.subject_versions(subject)]
 
     def _version(self, body: Any, query: Any, subject: str, version: str) -> Any:
-        found = self.registry.version(subject, version).as_dict()
+        stored = self.registry.version(subject, version)
+        found = stored.as_dict()
+        found["schema"] = _formatted(stored, query)
         found.setdefault("schemaType", "AVRO")
         return found
 

@@ -32,7 +32,7 @@ from kappaflow.errors import (
 )
 from kappaflow.registry.client import Registered, RegistryClient
 from kappaflow.streams.aggregates import Aggregate
-from kappaflow.streams.formats import AvroFormat, registry_url
+from kappaflow.streams.formats import AvroFormat, ProtobufFormat, RegistryFormat, registry_url
 from kappaflow.streams.joins import (
     Reference,
     change_events,
@@ -53,6 +53,7 @@ from kappaflow.streams.model import (
     refusal,
 )
 from kappaflow.streams.ops import avro as avro_ops
+from kappaflow.streams.ops import protobuf as protobuf_ops
 from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.schema import change_model, compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink, Sink
@@ -124,9 +125,9 @@ class Job:
     def source(
         self,
         topic: str,
-        schema: type | AvroFormat,
+        schema: type | RegistryFormat,
         *,
-        format: AvroFormat | None = None,
+        format: RegistryFormat | None = None,
         key: str | Sequence[str] = (),
         time: str | None = None,
         id: str | None = None,
@@ -146,8 +147,9 @@ class Job:
         format, and ``schema`` must be able to read the subject's latest schema (KF755
         names each field it cannot); ``job.source(topic, kf.avro(subject), time=...)``
         takes the record type from the subject's latest schema (docs/registry.md).
+        ``format=kf.protobuf(subject)``: the same for Protobuf records (their message).
         """
-        if isinstance(schema, AvroFormat):
+        if isinstance(schema, AvroFormat | ProtobufFormat):
             format, model = schema, None
         else:
             model = schema
@@ -209,7 +211,7 @@ class Job:
         allowed_lateness: str | int | timedelta,
         start: str,
         *,
-        format: AvroFormat | None,
+        format: RegistryFormat | None,
         shape: Callable[[DataFrame], DataFrame] | None,
     ) -> Stream:
         keys = (key,) if isinstance(key, str) else tuple(key)
@@ -217,9 +219,12 @@ class Job:
         if format is not None:
             url = registry_url(format, self._reader)
             versions = RegistryClient(url).versions(format.subject)
-            record = (
-                avro_ops.record_of(versions[-1], time) if model is None else compile_schema(model)
-            )
+            if model is not None:
+                record = compile_schema(model)
+            elif isinstance(format, ProtobufFormat):
+                record = protobuf_ops.record_of(versions[-1], time, format.message)
+            else:
+                record = avro_ops.record_of(versions[-1], time)
         else:
             assert model is not None
             record = compile_schema(model)
@@ -245,7 +250,10 @@ class Job:
         raw = self._reader.stream(self.spark, topic, start)
         if shape is not None:
             raw = shape(raw)
-        if format is not None:
+        if isinstance(format, ProtobufFormat):
+            message = protobuf_ops.check_readable(record, versions[-1], format.message)
+            raw = protobuf_ops.decode(raw, versions, message)
+        elif format is not None:
             reader = (
                 versions[-1].schema
                 if model is None

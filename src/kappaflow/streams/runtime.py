@@ -29,12 +29,13 @@ from kappaflow.errors import (
     WaitTimeoutError,
 )
 from kappaflow.kafka.topics import COMPACTED
-from kappaflow.streams.formats import registry_url
+from kappaflow.streams.formats import AvroFormat, ProtobufFormat, registry_url
 from kappaflow.streams.job import Job, Output
 from kappaflow.streams.joins import stream_joined
 from kappaflow.streams.kinds import DEAD, RECORD, REPLAY
 from kappaflow.streams.model import BOOKKEEPING, REPLAY_COLUMN, Reader, Source
 from kappaflow.streams.ops import avro as avro_ops
+from kappaflow.streams.ops import protobuf as protobuf_ops
 from kappaflow.streams.ops.session_windows import aggregate_sessions
 from kappaflow.streams.ops.windowing import aggregate_windows, bind_aggregates
 from kappaflow.streams.output.backends import Publisher, ResultStore
@@ -417,7 +418,7 @@ def _avro_topics(job: Job, output: Output, rows: StructType) -> tuple[tuple[str,
     the job's start (KF755 when the subject refuses it, naming the field)."""
     found = []
     for sink in output.sinks:
-        if not isinstance(sink, KafkaSink) or sink.format is None:
+        if not isinstance(sink, KafkaSink) or not isinstance(sink.format, AvroFormat):
             continue
         if output.aggregate is not None:
             raise InvalidSinkError(
@@ -429,6 +430,28 @@ def _avro_topics(job: Job, output: Output, rows: StructType) -> tuple[tuple[str,
             url, sink.format.subject, rows, f"{job.name}_{output.name}"
         )
         found.append((sink.topic or f"{job.name}.{output.name}", ident, schema))
+    return tuple(found)
+
+
+def _protobuf_topics(
+    job: Job, output: Output, rows: StructType
+) -> tuple[tuple[str, int, str, str], ...]:
+    """Each Protobuf topic sink's topic, with the .proto of its rows registered under its
+    subject now (KF755 when the subject refuses it), its descriptors and message."""
+    found = []
+    for sink in output.sinks:
+        if not isinstance(sink, KafkaSink) or not isinstance(sink.format, ProtobufFormat):
+            continue
+        if output.aggregate is not None:
+            raise InvalidSinkError(
+                f"output {output.name}: Protobuf records are a stream's rows; an aggregate's "
+                "changelog is JSON (kf.topic() without format=)"
+            )
+        url = registry_url(sink.format, job._reader)
+        ident, descriptors, message = protobuf_ops.register_output(
+            url, sink.format.subject, rows, f"{job.name}_{output.name}"
+        )
+        found.append((sink.topic or f"{job.name}.{output.name}", ident, descriptors, message))
     return tuple(found)
 
 
@@ -458,6 +481,7 @@ def _target(job: Job, output: Output, backends: Backends, *, packed: bool) -> Ou
     )
     return OutputTarget(
         avro=_avro_topics(job, output, user.schema),
+        protobuf=_protobuf_topics(job, output, user.schema),
         postgres=postgres,
         aggregated=agg is not None,
         packed=packed,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kappaflow.errors import InvalidSinkError
-from kappaflow.streams.formats import AvroFormat
+from kappaflow.streams.formats import AvroFormat, ProtobufFormat, RegistryFormat
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _LAKE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
@@ -35,7 +35,7 @@ class KafkaSink:
 
     topic: str | None = None
     compact: bool = False
-    format: AvroFormat | None = None
+    format: RegistryFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def topic(
     name: str | None = None,
     *,
     compact: bool = False,
-    format: AvroFormat | None = None,
+    format: RegistryFormat | None = None,
 ) -> KafkaSink:
     """Publish to the Kafka topic ``name`` (default: the output's own, ``JOB.OUTPUT``);
     ``compact=True`` creates it compacted (the latest record per key is kept), for an
@@ -90,8 +90,8 @@ def topic(
     """
     if name is not None and not _TOPIC.match(name):
         raise InvalidSinkError(f"topic sink: {name!r} is not a valid topic name")
-    if format is not None and not isinstance(format, AvroFormat):
-        raise InvalidSinkError("topic sink: format= is kf.avro(subject)")
+    if format is not None and not isinstance(format, AvroFormat | ProtobufFormat):
+        raise InvalidSinkError("topic sink: format= is kf.avro(subject) or kf.protobuf(subject)")
     return KafkaSink(name, compact, format)
 
 

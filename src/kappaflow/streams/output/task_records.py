@@ -221,6 +221,31 @@ def avro_records(
     )
 
 
+def protobuf_records(
+    frame: DataFrame,
+    topic: str,
+    keys: Sequence[str],
+    schema_id: int,
+    descriptors: str,
+    message: str,
+) -> DataFrame:
+    """A plain stream's records on ``topic`` as Protobuf in the schema registry's wire
+    format (a zero byte, the 4-byte schema id, message index 0, the message), encoded from
+    the row's JSON by the engine (Protobuf.java), keyed as ``stream_records`` keys them."""
+    rows = frame.where(F.col("kind") == RECORD)
+    engine = jvm_engine(frame.sparkSession).Protobuf
+    value = ClassicColumn(engine.encode(_jc(F.col("row")), descriptors, message, schema_id))
+    key = _java(frame, "pick", _jc(F.col("row")), json.dumps(list(keys))) if keys else None
+    return rows.select(
+        F.lit(topic).alias("topic"),
+        (key.cast("binary") if key is not None else F.lit(None).cast("binary")).alias("key"),
+        value.alias("value"),
+        F.lit(None).cast("string").alias("_o1"),
+        F.monotonically_increasing_id().alias("_o2"),
+        F.lit(0).cast("bigint").alias("_o3"),
+    )
+
+
 def dead_letters(
     frame: DataFrame, topic: str, *, job: str, schema: str, source_topic: str
 ) -> DataFrame:

@@ -64,6 +64,7 @@ from kappaflow.streams.output.task_records import (
     lake_change_rows,
     lake_stream_rows,
     late_records,
+    protobuf_records,
     store_latest,
     store_windows,
     stream_records,
@@ -125,6 +126,9 @@ class OutputTarget:
     #: Its topics of Avro records (``kf.topic(format=kf.avro(...))``): topic, the
     #: registry's schema id and the schema.
     avro: tuple[tuple[str, int, str], ...] = ()
+    #: Its topics of Protobuf records (``kf.topic(format=kf.protobuf(...))``): topic, the
+    #: schema id, the FileDescriptorSet (base64) and the message's full name.
+    protobuf: tuple[tuple[str, int, str, str], ...] = ()
 
     @property
     def late_topic(self) -> str:
@@ -284,6 +288,7 @@ class OutputWriter:
                 parts.append(changelog(rows, target.topics, target.keys, batch_id))
             else:
                 avro = {topic for topic, _, _ in target.avro}
+                avro |= {topic for topic, _, _, _ in target.protobuf}
                 plain = [t for t in target.topics if t not in avro]
                 if plain:
                     parts.append(stream_records(rows, plain, target.source.keys))
@@ -292,6 +297,12 @@ class OutputWriter:
                     parts.append(
                         avro_records(
                             rows, topic, target.source.keys, ident, schema, target.row_schema
+                        )
+                    )
+                for topic, ident, descriptors, message in target.protobuf:
+                    parts.append(
+                        protobuf_records(
+                            rows, topic, target.source.keys, ident, descriptors, message
                         )
                     )
         letters = dead_letters(

@@ -641,3 +641,78 @@ def test_a_protobuf_sink_that_confluent_clients_read(
     assert "'amount' (number 2)" in str(refused.value) and "was double, is string" in str(
         refused.value
     )
+
+
+PRODUCT_PROTO = """syntax = "proto3";
+package shop;
+message Product { string sku = 1; string category = 2; }
+"""
+PRICE_AVRO = {
+    "type": "record",
+    "name": "Price",
+    "fields": [{"name": "sku", "type": "string"}, {"name": "list_price", "type": "double"}],
+}
+
+
+@dataclass
+class Product:
+    sku: str
+    category: str
+
+
+@dataclass
+class Price:
+    sku: str
+    list_price: float
+
+
+@dataclass
+class Sale:
+    sku: str
+    at: kf.EventTime
+
+
+def test_reference_tables_of_protobuf_and_avro_records(
+    registry: Settings, spark: SparkSession
+) -> None:
+    products, prices = _subject(), _subject()
+    cls = _proto_class(PRODUCT_PROTO, "shop.Product")
+    serializer = ProtobufSerializer(
+        cls,
+        SchemaRegistryClient({"url": registry.registry.url}),
+        {"auto.register.schemas": True, "subject.name.strategy": lambda *_: products},
+    )
+    context = SerializationContext("products", MessageField.VALUE)
+    rows = [cls(sku="s1", category="tea"), cls(sku="s2", category="cups")]
+    catalog = [serializer(row, context) for row in rows]
+    broken = (catalog[1] or b"")[:-1]
+    listed = _serialized(registry, prices, PRICE_AVRO, [{"sku": "s1", "list_price": 4.5}])
+    url = registry.registry.url
+
+    def priced(job: kf.Job) -> None:
+        known = job.table("products", Product, key="sku", format=kf.protobuf(products, url=url))
+        price = job.table("prices", Price, key="sku", format=kf.avro(prices, url=url))
+        job.source("sales", Sale).join(known).join(price).to(kf.topic("priced"))
+
+    sales = [json.dumps({"sku": s, "at": 1_700_000_000_000}).encode() for s in ("s1", "s2")]
+    out = kf.testing.run(
+        priced,
+        {"products": [[*catalog, broken]], "prices": [listed], "sales": [sales]},
+        spark=spark,
+        name="priced",
+    )
+    by_sku = {r["sku"]: r for r in out.records("priced")}
+    assert by_sku["s1"]["category"] == "tea" and by_sku["s1"]["list_price"] == 4.5
+    assert by_sku["s2"]["category"] == "cups" and by_sku["s2"].get("list_price") is None
+    [dead] = out.dead_letters
+    assert "does not decode as Protobuf" in dead["error"] and dead["value"] == broken
+
+    # A record type the subject's message cannot fill is refused at the start.
+    def wrong(job: kf.Job) -> None:
+        job.source("sales", Sale).join(
+            job.table("prices", Product, key="sku", format=kf.avro(prices, url=url))
+        ).to(kf.topic("x"))
+
+    with pytest.raises(SchemaIncompatibleError) as refused:
+        kf.testing.run(wrong, {"sales": [[]], "prices": [[]]}, spark=spark, name="wrong")
+    assert "'category'" in str(refused.value)

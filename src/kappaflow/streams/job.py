@@ -55,7 +55,7 @@ from kappaflow.streams.model import (
 from kappaflow.streams.ops import avro as avro_ops
 from kappaflow.streams.ops import protobuf as protobuf_ops
 from kappaflow.streams.ops.parsing import parse_records
-from kappaflow.streams.schema import change_model, compile_schema
+from kappaflow.streams.schema import RecordSchema, change_model, compile_schema
 from kappaflow.streams.sinks import KafkaSink, ParquetSink, PostgresSink, RedisSink, Sink
 from kappaflow.streams.stateful_plan import process_stream
 
@@ -263,19 +263,43 @@ class Job:
         parsed = parse_records(raw, record, time=time_field, keys=keys, id=id, replays_of=self.name)
         return Stream(self, found, parsed)
 
-    def table(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
+    def table(
+        self,
+        topic: str,
+        schema: type,
+        *,
+        key: str | Sequence[str],
+        format: RegistryFormat | None = None,
+    ) -> Reference:
         """The compacted topic ``topic`` as a reference table of ``schema`` records, one
         row per value of the ``key`` fields, to join streams with (``Stream.join``).
 
         The latest record per Kafka key is the row (a tombstone, a null value, deletes
         it). Each micro-batch sees the table as the topic is then. A record that does not
         parse leaves its key out of the table and goes to the job's dead-letter topic.
+        ``format=kf.avro(subject)`` or ``kf.protobuf(subject)``: the records are in the
+        schema registry's wire format, read as a source's are (docs/registry.md).
         """
-        found = kafka_table(
-            self._reader, self.spark, topic, schema, (key,) if isinstance(key, str) else tuple(key)
-        )
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        decode = None
+        if format is not None:
+            decode = self._decoder(format, compile_schema(schema))
+        found = kafka_table(self._reader, self.spark, topic, schema, keys, decode=decode)
         self.tables.append(found)
         return found
+
+    def _decoder(
+        self, format: RegistryFormat, record: RecordSchema
+    ) -> Callable[[DataFrame], DataFrame]:
+        """How records of ``format`` become JSON text for ``record``'s checks, once
+        ``record`` is known to read the subject's latest version (KF755 naming the field
+        when it cannot)."""
+        versions = RegistryClient(registry_url(format, self._reader)).versions(format.subject)
+        if isinstance(format, ProtobufFormat):
+            message = protobuf_ops.check_readable(record, versions[-1], format.message)
+            return lambda raw: protobuf_ops.decode(raw, versions, message)
+        reader = avro_ops.check_readable(record, versions[-1])
+        return lambda raw: avro_ops.decode(raw, versions, reader)
 
     def changes(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
         """A topic of Debezium's change events (``kappaflow connect create``: inserts,

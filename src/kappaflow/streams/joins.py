@@ -24,7 +24,7 @@ append output mode, which the runtime then uses for the output's query.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -150,10 +150,13 @@ def kafka_table(
     keys: tuple[str, ...],
     *,
     envelope: bool = False,
+    decode: Callable[[DataFrame], DataFrame] | None = None,
 ) -> Reference:
     """The compacted topic ``topic`` as a table of ``schema`` records by ``keys``; with
     ``envelope``, a topic of Debezium's change events, each read as its row after the
-    change (:func:`after_change`)."""
+    change (:func:`after_change`); with ``decode``, records in a registry's format,
+    decoded (once the latest per key is chosen, so a record that does not decode is a
+    dead letter, not a delete) before they are parsed."""
     if not keys:
         raise JoinSpecError(f"table {topic!r}: give key=..., the fields that identify a row")
     nested = next((k for k in keys if "." in k), None)
@@ -168,11 +171,16 @@ def kafka_table(
         raw = after_change(raw)
     rows = _latest(raw.where(F.col("key").isNotNull()), ["key"], ["partition", "offset"])
     present = rows.unionByName(raw.where(F.col("key").isNull())).where(F.col("value").isNotNull())
+    if decode is not None:
+        present = decode(present)
     parsed = parse_records(present, record, time=None, keys=keys)
     stream = reader.stream(spark, topic, "earliest")
     if envelope:
         stream = after_change(stream)
-    verdicts = parse_records(stream.where(F.col("value").isNotNull()), record, time=None, keys=keys)
+    stream = stream.where(F.col("value").isNotNull())
+    if decode is not None:
+        stream = decode(stream)
+    verdicts = parse_records(stream, record, time=None, keys=keys)
     table = _rows(parsed, keys, record)
     return Reference(topic, keys, table, source=source, parsed=verdicts, records=parsed)
 

@@ -716,3 +716,73 @@ def test_reference_tables_of_protobuf_and_avro_records(
     with pytest.raises(SchemaIncompatibleError) as refused:
         kf.testing.run(wrong, {"sales": [[]], "prices": [[]]}, spark=spark, name="wrong")
     assert "'category'" in str(refused.value)
+
+
+ENVELOPE = {
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "pg.public.products",
+    "fields": [
+        {
+            "name": "before",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Value",
+                    "fields": [
+                        {"name": "sku", "type": "string"},
+                        {"name": "category", "type": "string"},
+                    ],
+                },
+            ],
+            "default": None,
+        },
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
+}
+
+
+def test_a_change_table_of_avro_envelopes(registry: Settings, spark: SparkSession) -> None:
+    subject = _subject()
+
+    def change(op: str, sku: str, category: str | None) -> dict[str, Any]:
+        row = None if category is None else {"sku": sku, "category": category}
+        before = {"sku": sku, "category": "?"} if op in ("u", "d") else None
+        return {"before": before, "after": row, "op": op, "ts_ms": 1_700_000_000_000}
+
+    events = [change("c", "s1", "tea"), change("c", "s2", "cups"), change("u", "s1", "herbs")]
+    events.append(change("d", "s2", None))
+    encoded = _serialized(registry, subject, ENVELOPE, events)
+    broken = encoded[2][:-3]
+    keys = ["s1", "s2", "s1", "s2"]
+    changes = [kf.testing.Record(v, key=k) for v, k in zip(encoded, keys, strict=True)]
+    # A record of s1 that does not decode: a dead letter, not a delete of s1's row.
+    changes.append(kf.testing.Record(broken, key="s1"))
+    url = registry.registry.url
+
+    def categorized(job: kf.Job) -> None:
+        rows = job.changes("products", Product, key="sku", format=kf.avro(subject, url=url))
+        job.source("sales", Sale).join(rows).to(kf.topic("categorized"))
+
+    sales = [json.dumps({"sku": s, "at": 1_700_000_000_000}).encode() for s in ("s1", "s2")]
+    out = kf.testing.run(
+        categorized, {"products": [changes], "sales": [sales]}, spark=spark, name="categorized"
+    )
+    by_sku = {r["sku"]: r for r in out.records("categorized")}
+    assert by_sku["s1"]["category"] == "herbs"
+    assert by_sku["s2"].get("category") is None  # deleted
+    [dead] = out.dead_letters
+    assert "does not decode as Avro" in dead["error"] and dead["value"] == broken
+
+    # The row type is checked against the envelope's after record.
+    def wrong(job: kf.Job) -> None:
+        job.source("sales", Sale).join(
+            job.changes("products", Price, key="sku", format=kf.avro(subject, url=url))
+        ).to(kf.topic("x"))
+
+    with pytest.raises(SchemaIncompatibleError) as refused:
+        kf.testing.run(wrong, {"sales": [[]], "products": [[]]}, spark=spark, name="wrong")
+    assert "'list_price'" in str(refused.value)

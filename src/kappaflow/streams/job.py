@@ -289,19 +289,34 @@ class Job:
         return found
 
     def _decoder(
-        self, format: RegistryFormat, record: RecordSchema
+        self, format: RegistryFormat, record: RecordSchema, *, envelope: bool = False
     ) -> Callable[[DataFrame], DataFrame]:
         """How records of ``format`` become JSON text for ``record``'s checks, once
-        ``record`` is known to read the subject's latest version (KF755 naming the field
-        when it cannot)."""
+        ``record`` is known to read the subject's latest version (with ``envelope``: the
+        type of a change event's ``after``), KF755 naming the field when it cannot."""
         versions = RegistryClient(registry_url(format, self._reader)).versions(format.subject)
+        latest = versions[-1]
         if isinstance(format, ProtobufFormat):
-            message = protobuf_ops.check_readable(record, versions[-1], format.message)
+            if envelope:
+                message, after = protobuf_ops.after_message(latest, format.message)
+                protobuf_ops.check_readable(record, latest, after)
+            else:
+                message = protobuf_ops.check_readable(record, latest, format.message)
             return lambda raw: protobuf_ops.decode(raw, versions, message)
-        reader = avro_ops.check_readable(record, versions[-1])
+        if envelope:
+            avro_ops.check_readable(record, avro_ops.after_record(latest))
+            return lambda raw: avro_ops.decode(raw, versions, latest.schema)
+        reader = avro_ops.check_readable(record, latest)
         return lambda raw: avro_ops.decode(raw, versions, reader)
 
-    def changes(self, topic: str, schema: type, *, key: str | Sequence[str]) -> Reference:
+    def changes(
+        self,
+        topic: str,
+        schema: type,
+        *,
+        key: str | Sequence[str],
+        format: RegistryFormat | None = None,
+    ) -> Reference:
         """A topic of Debezium's change events (``kappaflow connect create``: inserts,
         updates and deletes of a database table) as a reference table of ``schema``
         records, one row per value of the ``key`` fields, to join streams with
@@ -311,8 +326,13 @@ class Job:
         after it remove the row. ``schema`` names the table's columns (as Debezium writes
         them: a ``timestamp`` column in microseconds since the epoch, a decimal as a
         string). A record that does not parse leaves its key out of the table and goes to
-        the job's dead-letter topic.
+        the job's dead-letter topic. ``format=kf.avro(subject)`` or ``kf.protobuf(subject)``:
+        the envelopes are in the schema registry's wire format (Debezium with Confluent's
+        Avro or Protobuf converter), ``schema`` checked against their ``after`` type.
         """
+        decode = None
+        if format is not None:
+            decode = self._decoder(format, compile_schema(schema), envelope=True)
         found = kafka_table(
             self._reader,
             self.spark,
@@ -320,6 +340,7 @@ class Job:
             schema,
             (key,) if isinstance(key, str) else tuple(key),
             envelope=True,
+            decode=decode,
         )
         self.tables.append(found)
         return found

@@ -47,6 +47,7 @@ from kappaflow.streams.model import (
     millis,
     refusal,
 )
+from kappaflow.streams.ops.avro import PRE_REASON
 from kappaflow.streams.ops.parsing import parse_records
 from kappaflow.streams.ops.windowing import key_json
 from kappaflow.streams.output.lake_delta import DELTA_LOG
@@ -167,19 +168,31 @@ def kafka_table(
         record.field(path)
     source = Source(topic, record, keys, "", None, 0, 0, "earliest", schema)
     raw = reader.table(spark, topic)
+    # Change events are decoded before their row is taken out of the envelope; a record
+    # that does not decode then is no change (its key keeps its row) and a dead letter.
+    early = decode if envelope else None
+    late = None if envelope else decode
+    if early is not None:
+        decoded = early(raw.where(F.col("value").isNotNull())).where(F.col(PRE_REASON).isNull())
+        raw = decoded.select(*raw.columns).unionByName(raw.where(F.col("value").isNull()))
     if envelope:
         raw = after_change(raw)
     rows = _latest(raw.where(F.col("key").isNotNull()), ["key"], ["partition", "offset"])
     present = rows.unionByName(raw.where(F.col("key").isNull())).where(F.col("value").isNotNull())
-    if decode is not None:
-        present = decode(present)
+    if late is not None:
+        present = late(present)
     parsed = parse_records(present, record, time=None, keys=keys)
-    stream = reader.stream(spark, topic, "earliest")
+    stream = reader.stream(spark, topic, "earliest").where(F.col("value").isNotNull())
+    if early is not None:
+        stream = early(stream)
     if envelope:
         stream = after_change(stream)
-    stream = stream.where(F.col("value").isNotNull())
-    if decode is not None:
-        stream = decode(stream)
+    if early is not None:
+        stream = stream.where(F.col("value").isNotNull() | F.col(PRE_REASON).isNotNull())
+    else:
+        stream = stream.where(F.col("value").isNotNull())
+    if late is not None:
+        stream = late(stream)
     verdicts = parse_records(stream, record, time=None, keys=keys)
     table = _rows(parsed, keys, record)
     return Reference(topic, keys, table, source=source, parsed=verdicts, records=parsed)

@@ -15,6 +15,7 @@ subject's), or bytes that do not decode with the writer's schema.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -92,6 +93,21 @@ def check_readable(record: RecordSchema, writer: Registered) -> dict[str, Any]:
             f"schema id {writer.id}): " + "; ".join(problems)
         )
     return reader
+
+
+def after_record(writer: Registered) -> Registered:
+    """A change event's subject (Debezium's envelope) as the subject of its rows: the
+    record type of its ``after`` field; KF756 when it has no such field."""
+    schema = _top(writer)
+    names = _named(schema)
+    after = next((f for f in schema["fields"] if f["name"] == "after"), None)
+    row = _strip(after["type"], names) if after is not None else None
+    if not isinstance(row, dict) or row.get("type") != "record":
+        raise SchemaFormatError(
+            f"subject {writer.subject!r}: record {schema['name']} is not a change event (no "
+            "record field 'after')"
+        )
+    return dataclasses.replace(writer, schema=json.dumps(row))
 
 
 def decode(

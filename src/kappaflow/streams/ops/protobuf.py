@@ -179,6 +179,19 @@ def check_readable(record: RecordSchema, writer: Registered, message: str | None
     return found.name
 
 
+def after_message(writer: Registered, message: str | None) -> tuple[str, str]:
+    """The full names of a change event's message (Debezium's envelope) and of the
+    message of its ``after`` field, the row; KF756 when it has no such field."""
+    found = _Message(_schema(writer), writer.subject, message)
+    after = next((f for f in found.top.field if f.name == "after"), None)
+    if after is None or after.type != FieldProto.TYPE_MESSAGE:
+        raise SchemaFormatError(
+            f"subject {writer.subject!r}: message {found.name} is not a change event (no "
+            "message field 'after')"
+        )
+    return found.name, after.type_name.lstrip(".")
+
+
 def _readable(
     fields: Sequence[Field], message: descriptor_pb2.DescriptorProto, found: _Message, path: str
 ) -> list[str]:

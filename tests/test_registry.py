@@ -647,10 +647,31 @@ PRODUCT_PROTO = """syntax = "proto3";
 package shop;
 message Product { string sku = 1; string category = 2; }
 """
-PRICE_AVRO = {
+# Debezium's change event of a prices table, as its Avro converter writes it.
+ENVELOPE = {
     "type": "record",
-    "name": "Price",
-    "fields": [{"name": "sku", "type": "string"}, {"name": "list_price", "type": "double"}],
+    "name": "Envelope",
+    "namespace": "pg.public.prices",
+    "fields": [
+        {
+            "name": "before",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Value",
+                    "fields": [
+                        {"name": "sku", "type": "string"},
+                        {"name": "list_price", "type": "double"},
+                    ],
+                },
+            ],
+            "default": None,
+        },
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
 }
 
 
@@ -672,9 +693,14 @@ class Sale:
     at: kf.EventTime
 
 
-def test_reference_tables_of_protobuf_and_avro_records(
-    registry: Settings, spark: SparkSession
-) -> None:
+def _change(op: str, sku: str, price: float | None) -> dict[str, Any]:
+    row = None if price is None else {"sku": sku, "list_price": price}
+    before = {"sku": sku, "list_price": 0.0} if op in ("u", "d") else None
+    return {"before": before, "after": row, "op": op, "ts_ms": 1_700_000_000_000}
+
+
+def test_reference_tables_of_registry_records(registry: Settings, spark: SparkSession) -> None:
+    """A table of Protobuf records and a change table of Avro envelopes, joined."""
     products, prices = _subject(), _subject()
     cls = _proto_class(PRODUCT_PROTO, "shop.Product")
     serializer = ProtobufSerializer(
@@ -685,104 +711,68 @@ def test_reference_tables_of_protobuf_and_avro_records(
     context = SerializationContext("products", MessageField.VALUE)
     rows = [cls(sku="s1", category="tea"), cls(sku="s2", category="cups")]
     catalog = [serializer(row, context) for row in rows]
-    broken = (catalog[1] or b"")[:-1]
-    listed = _serialized(registry, prices, PRICE_AVRO, [{"sku": "s1", "list_price": 4.5}])
+    broken_product = (catalog[1] or b"")[:-1]
+    events = [_change("c", "s1", 4.5), _change("c", "s2", 9.0), _change("u", "s1", 5.0)]
+    events.append(_change("d", "s2", None))
+    encoded = _serialized(registry, prices, ENVELOPE, events)
+    broken_change = encoded[2][:-3]
+    keys = ["s1", "s2", "s1", "s2"]
+    changes = [kf.testing.Record(v, key=k) for v, k in zip(encoded, keys, strict=True)]
+    # An event of s1 that does not decode: a dead letter, not a delete of s1's row.
+    changes.append(kf.testing.Record(broken_change, key="s1"))
     url = registry.registry.url
 
     def priced(job: kf.Job) -> None:
         known = job.table("products", Product, key="sku", format=kf.protobuf(products, url=url))
-        price = job.table("prices", Price, key="sku", format=kf.avro(prices, url=url))
+        price = job.changes("prices", Price, key="sku", format=kf.avro(prices, url=url))
         job.source("sales", Sale).join(known).join(price).to(kf.topic("priced"))
 
     sales = [json.dumps({"sku": s, "at": 1_700_000_000_000}).encode() for s in ("s1", "s2")]
     out = kf.testing.run(
         priced,
-        {"products": [[*catalog, broken]], "prices": [listed], "sales": [sales]},
+        {"products": [[*catalog, broken_product]], "prices": [changes], "sales": [sales]},
         spark=spark,
         name="priced",
     )
     by_sku = {r["sku"]: r for r in out.records("priced")}
-    assert by_sku["s1"]["category"] == "tea" and by_sku["s1"]["list_price"] == 4.5
+    assert by_sku["s1"]["category"] == "tea" and by_sku["s1"]["list_price"] == 5.0
     assert by_sku["s2"]["category"] == "cups" and by_sku["s2"].get("list_price") is None
-    [dead] = out.dead_letters
-    assert "does not decode as Protobuf" in dead["error"] and dead["value"] == broken
+    dead = {bytes(d["value"]): d["error"] for d in out.dead_letters}
+    assert "does not decode as Protobuf" in dead.pop(broken_product)
+    assert "does not decode as Avro" in dead.pop(broken_change)
+    assert dead == {}
 
-    # A record type the subject's message cannot fill is refused at the start.
-    def wrong(job: kf.Job) -> None:
+    # Record types the subjects cannot fill are refused at the start: a table's against
+    # its message, a change table's against the envelope's after record.
+    def wrong_table(job: kf.Job) -> None:
         job.source("sales", Sale).join(
-            job.table("prices", Product, key="sku", format=kf.avro(prices, url=url))
+            job.table("products", Price, key="sku", format=kf.protobuf(products, url=url))
         ).to(kf.topic("x"))
 
-    with pytest.raises(SchemaIncompatibleError) as refused:
-        kf.testing.run(wrong, {"sales": [[]], "prices": [[]]}, spark=spark, name="wrong")
-    assert "'category'" in str(refused.value)
+    def wrong_changes(job: kf.Job) -> None:
+        job.source("sales", Sale).join(
+            job.changes("prices", Product, key="sku", format=kf.avro(prices, url=url))
+        ).to(kf.topic("x"))
 
-
-ENVELOPE = {
-    "type": "record",
-    "name": "Envelope",
-    "namespace": "pg.public.products",
-    "fields": [
-        {
-            "name": "before",
-            "type": [
-                "null",
-                {
-                    "type": "record",
-                    "name": "Value",
-                    "fields": [
-                        {"name": "sku", "type": "string"},
-                        {"name": "category", "type": "string"},
-                    ],
-                },
-            ],
-            "default": None,
-        },
-        {"name": "after", "type": ["null", "Value"], "default": None},
-        {"name": "op", "type": "string"},
-        {"name": "ts_ms", "type": ["null", "long"], "default": None},
-    ],
-}
-
-
-def test_a_change_table_of_avro_envelopes(registry: Settings, spark: SparkSession) -> None:
-    subject = _subject()
-
-    def change(op: str, sku: str, category: str | None) -> dict[str, Any]:
-        row = None if category is None else {"sku": sku, "category": category}
-        before = {"sku": sku, "category": "?"} if op in ("u", "d") else None
-        return {"before": before, "after": row, "op": op, "ts_ms": 1_700_000_000_000}
-
-    events = [change("c", "s1", "tea"), change("c", "s2", "cups"), change("u", "s1", "herbs")]
-    events.append(change("d", "s2", None))
-    encoded = _serialized(registry, subject, ENVELOPE, events)
-    broken = encoded[2][:-3]
-    keys = ["s1", "s2", "s1", "s2"]
-    changes = [kf.testing.Record(v, key=k) for v, k in zip(encoded, keys, strict=True)]
-    # A record of s1 that does not decode: a dead letter, not a delete of s1's row.
-    changes.append(kf.testing.Record(broken, key="s1"))
-    url = registry.registry.url
-
-    def categorized(job: kf.Job) -> None:
-        rows = job.changes("products", Product, key="sku", format=kf.avro(subject, url=url))
-        job.source("sales", Sale).join(rows).to(kf.topic("categorized"))
-
-    sales = [json.dumps({"sku": s, "at": 1_700_000_000_000}).encode() for s in ("s1", "s2")]
-    out = kf.testing.run(
-        categorized, {"products": [changes], "sales": [sales]}, spark=spark, name="categorized"
+    # Debezium's envelope as its Protobuf converter registers it.
+    envelope = _subject()
+    _client(registry).register(
+        envelope,
+        'syntax = "proto3"; package pg; message Envelope { message Value { string sku = 1; '
+        "double list_price = 2; } Value before = 1; Value after = 2; string op = 3; }",
+        "PROTOBUF",
     )
-    by_sku = {r["sku"]: r for r in out.records("categorized")}
-    assert by_sku["s1"]["category"] == "herbs"
-    assert by_sku["s2"].get("category") is None  # deleted
-    [dead] = out.dead_letters
-    assert "does not decode as Avro" in dead["error"] and dead["value"] == broken
 
-    # The row type is checked against the envelope's after record.
-    def wrong(job: kf.Job) -> None:
+    def wrong_envelopes(job: kf.Job) -> None:
         job.source("sales", Sale).join(
-            job.changes("products", Price, key="sku", format=kf.avro(subject, url=url))
+            job.changes("prices", Product, key="sku", format=kf.protobuf(envelope, url=url))
         ).to(kf.topic("x"))
 
-    with pytest.raises(SchemaIncompatibleError) as refused:
-        kf.testing.run(wrong, {"sales": [[]], "products": [[]]}, spark=spark, name="wrong")
-    assert "'list_price'" in str(refused.value)
+    for build, said in (
+        (wrong_table, "field 'list_price' is not in message Product"),
+        (wrong_changes, "'category'"),
+        (wrong_envelopes, "message pg.Envelope.Value): field 'category' is not in message"),
+    ):
+        with pytest.raises(SchemaIncompatibleError) as refused:
+            kf.testing.run(build, {"sales": [[]], "products": [[]], "prices": [[]]}, spark=spark)
+        assert said in str(refused.value), str(refused.value)

@@ -1170,6 +1170,41 @@ class SecurityModeError(SecurityError):
     code = "KF908"
 
 
+# KF910-KF914: rescaling a job (jobs/rescale.py).
+
+
+class RescaleRunningError(JobError):
+    """A running job was asked to be rescaled without --restart: it must stop first."""
+
+    code = "KF910"
+
+
+class InvalidPartitionsError(JobError, ValueError):
+    """A rescale to fewer than one partition."""
+
+    code = "KF911"
+    exit_code = 2
+
+
+class RescaleNoChangeError(JobError, ValueError):
+    """A rescale to the partitions the job already has."""
+
+    code = "KF912"
+
+
+class RescaleUnsupportedError(JobError):
+    """The job cannot be rescaled: it runs in real-time mode, or is not on the job API."""
+
+    code = "KF913"
+
+
+class RescaleUnfinishedBatchError(JobError):
+    """The job's checkpoint ends with a batch that did not finish: rescaling would skip
+    it, and the sinks that wrote part of it would write its input again."""
+
+    code = "KF914"
+
+
 def http_status(exc: KappaflowError) -> int:
     """The HTTP status the service answers ``exc`` with: its own, else by its kind."""
     status = getattr(exc, "status", None)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.rescale import partitions
 from kappaflow.settings import Settings
 from kappaflow.spark.checkpoint import is_remote, offsets_consumed
 
@@ -42,6 +43,7 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
     progress = manager.progress(name)
     outputs: dict[str, Any] = {}
     folder = manager.job_dir(name) / "outputs"
+    held = partitions(settings, name)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         output = path.stem
         status = _json(path) or {}
@@ -50,6 +52,8 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
             "watermark_ms": status.get("watermark"),
             **status.get("totals", {}),
             "events_read": _events_read(settings, name, output, status),
+            # Its shuffle and state partitions, as its checkpoint pins them (jobs rescale).
+            "partitions": held.get(output),
             "updated_at": status.get("at"),
         }
         entry.update(query_progress(progress.get(f"{name}.{output}")))

@@ -36,7 +36,6 @@ whose entry N+1 repeats N's offsets.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,11 +54,10 @@ from kappaflow.jobs.files import PLAN
 from kappaflow.jobs.manager import JobManager
 from kappaflow.jobs.savepoints import Savepoint, checkpoint_path, take_here
 from kappaflow.settings import Settings
+from kappaflow.spark.checkpoint import shuffle_partitions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 @dataclass(frozen=True)
@@ -77,16 +75,8 @@ class Rescaled:
 
 
 def query_partitions(query: Path) -> int | None:
-    """The shuffle partitions of a query's last planned batch, as its offset log entry
-    pins them (None for a query with no batch)."""
-    log = query / "offsets"
-    batches = [int(p.name) for p in log.iterdir() if p.name.isdigit()] if log.is_dir() else []
-    if not batches:
-        return None
-    lines = (log / str(max(batches))).read_text().splitlines()
-    metadata = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
-    value = (metadata.get("conf") or {}).get(SHUFFLE_PARTITIONS)
-    return None if value is None else int(value)
+    """The shuffle partitions of a query's last planned batch (spark/checkpoint.py)."""
+    return shuffle_partitions(query)
 
 
 def _queries(root: Path) -> list[Path]:
@@ -98,16 +88,6 @@ def _queries(root: Path) -> list[Path]:
 def _last(log: Path) -> int | None:
     batches = [int(p.name) for p in log.iterdir() if p.name.isdigit()] if log.is_dir() else []
     return max(batches, default=None)
-
-
-def partitions(settings: Settings, name: str) -> dict[str, int | None]:
-    """Each query of job ``name`` (its outputs') with its shuffle partitions; empty for a
-    checkpoint elsewhere than on this machine or not yet written."""
-    try:
-        root = checkpoint_path(settings, name)
-    except SavepointUnsupportedError:
-        return {}
-    return {q.name: query_partitions(q) for q in _queries(root)}
 
 
 def _has_state(query: Path) -> bool:

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kappaflow.jobs.manager import JobManager
-from kappaflow.jobs.rescale import partitions
 from kappaflow.settings import Settings
-from kappaflow.spark.checkpoint import is_remote, offsets_consumed
+from kappaflow.spark.checkpoint import is_remote, offsets_consumed, shuffle_partitions
 
 
 def job_status(settings: Settings, name: str) -> dict[str, Any]:
@@ -43,7 +42,6 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
     progress = manager.progress(name)
     outputs: dict[str, Any] = {}
     folder = manager.job_dir(name) / "outputs"
-    held = partitions(settings, name)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         output = path.stem
         status = _json(path) or {}
@@ -53,7 +51,7 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
             **status.get("totals", {}),
             "events_read": _events_read(settings, name, output, status),
             # Its shuffle and state partitions, as its checkpoint pins them (jobs rescale).
-            "partitions": held.get(output),
+            "partitions": _partitions(settings, name, output),
             "updated_at": status.get("at"),
         }
         entry.update(query_progress(progress.get(f"{name}.{output}")))
@@ -91,6 +89,19 @@ def events_read(
     query_dir = Path(location.removeprefix("file://").removeprefix("file:")) / job / output
     try:
         return offsets_consumed(query_dir, batch_id)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _partitions(settings: Settings, job: str, output: str) -> int | None:
+    """The output's shuffle and state partitions, from its local checkpoint's offset log
+    (None for one on HDFS or S3, which this process does not reach)."""
+    location = settings.checkpoint_location
+    if is_remote(location):
+        return None
+    query_dir = Path(location.removeprefix("file://").removeprefix("file:")) / job / output
+    try:
+        return shuffle_partitions(query_dir)
     except (OSError, IndexError, ValueError):
         return None
 

@@ -1193,7 +1193,8 @@ class RescaleNoChangeError(JobError, ValueError):
 
 
 class RescaleUnsupportedError(JobError):
-    """The job cannot be rescaled: it runs in real-time mode, or is not on the job API."""
+    """The job cannot be rescaled: it runs in real-time mode, is not on the job API, or
+    Spark's state repartitioning refused its checkpoint."""
 
     code = "KF913"
 

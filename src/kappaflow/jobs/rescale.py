@@ -155,7 +155,12 @@ def rescale(
             settings, name, label or datetime.now(UTC).strftime("rescale-%Y%m%dT%H%M%S%fZ")
         )
         changing = [q for q in stateful if before[q.name] != count]
-        _repartition(settings, name, root, [q.name for q in changing], count, spark, relocate)
+        try:
+            _repartition(settings, name, root, [q.name for q in changing], count, spark, relocate)
+        except BaseException:
+            # The checkpoint is as it was: the savepoint of it is not needed.
+            shutil.rmtree(taken.path, ignore_errors=True)
+            raise
     except BaseException:
         if running:
             _start_again(jobs, name)
@@ -185,6 +190,7 @@ def _repartition(
 ) -> None:
     """Repartition ``queries`` of the checkpoint at ``root`` in a copy beside it, then
     swap the copy in."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.sql import SparkSession
 
     from kappaflow.spark.session import build_session
@@ -202,7 +208,14 @@ def _repartition(
     try:
         manager = session._streamingCheckpointManager
         for query in queries:
-            manager.repartition(str(incoming / query), count, enforce_exactly_once_sink=True)
+            try:
+                manager.repartition(str(incoming / query), count, enforce_exactly_once_sink=True)
+            except Py4JJavaError as exc:
+                reason = str(exc.java_exception.toString()).splitlines()[0]
+                raise RescaleUnsupportedError(
+                    f"Spark could not repartition the state of job {name!r} output "
+                    f"{query!r}: {reason}"
+                ) from None
     except BaseException:
         shutil.rmtree(incoming, ignore_errors=True)
         raise

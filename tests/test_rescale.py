@@ -156,6 +156,8 @@ def test_a_job_rescaled_from_4_to_2_partitions_gives_the_oracles_results(
         assert label.startswith("rescale-")
         saved = JobManager(serving).job_dir(name) / "savepoints" / label / "checkpoint"
         assert query_partitions(saved / "revenue") == 4, "the savepoint keeps the job as it was"
+        manifest = json.loads((saved.parent / "manifest.json").read_text())
+        assert manifest["outputs"]["revenue"]["partitions"] == 4
 
         # The session still asks for 4: the checkpoint's 2 are what the job runs with.
         for batch in (c, d):

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import Result, settings_env
+from conftest import Result, error_line, settings_env
 from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 
@@ -233,24 +233,21 @@ def test_rescales_that_cannot_be_are_refused_with_nothing_changed(
     def rescale(*args: str) -> Result:
         return in_process(monkeypatch, serving, "jobs", "rescale", name, *args)
 
-    def refused(result: Result, code: str) -> str:
-        assert result.code != 0, result.out
-        assert code in result.err, result.err
-        return result.err
-
     send_json(serving, topic, rounds()[0], key="country")
     run_phase(spark, serving, name, topic)  # at the session's 2 partitions
     query = Path(serving.checkpoint_location) / name / "revenue"
     assert query_partitions(query) == 2
-    assert "already has 2 partitions" in refused(rescale("--partitions", "2"), "KF912")
-    assert "1 or more" in refused(rescale("--partitions", "0"), "KF911")
+    assert "already has 2 partitions" in error_line(rescale("--partitions", "2"), "KF912", 1)
+    assert "1 or more" in error_line(rescale("--partitions", "0"), "KF911", 2)
 
     # The last batch planned, not committed: Spark would skip it.
     commits = sorted((query / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
     last = commits[-1]
     last.rename(tmp_path / "commit")
     try:
-        assert f"batch {last.name} did not finish" in refused(rescale("--partitions", "3"), "KF914")
+        assert f"batch {last.name} did not finish" in error_line(
+            rescale("--partitions", "3"), "KF914", 1
+        )
     finally:
         (tmp_path / "commit").rename(last)
 
@@ -262,7 +259,7 @@ def test_rescales_that_cannot_be_are_refused_with_nothing_changed(
     )
     try:
         (home / "driver.pid").write_text(f"{stand_in.pid}\n")
-        assert "is running" in refused(rescale("--partitions", "3"), "KF910")
+        assert "is running" in error_line(rescale("--partitions", "3"), "KF910", 1)
     finally:
         assert stand_in.stdin is not None
         stand_in.stdin.close()
@@ -272,7 +269,7 @@ def test_rescales_that_cannot_be_are_refused_with_nothing_changed(
     record = jobs.get(name)
     record.real_time = True
     record.save(home / "job.json")
-    assert "real-time" in refused(rescale("--partitions", "3"), "KF913")
+    assert "real-time" in error_line(rescale("--partitions", "3"), "KF913", 1)
 
     # Nothing was changed: no savepoint, the checkpoint's 2 partitions.
     assert not (home / "savepoints").exists()

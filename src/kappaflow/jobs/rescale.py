@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from kappaflow.errors import (
     InvalidPartitionsError,
+    RescaleError,
     RescaleNoChangeError,
-    RescaleRunningError,
     RescaleUnfinishedBatchError,
     RescaleUnsupportedError,
     SavepointUnsupportedError,
@@ -135,7 +135,7 @@ def rescale(
         raise RescaleNoChangeError(f"job {name!r} already has {count} partitions")
     running = jobs.is_running(name)
     if running and not restart:
-        raise RescaleRunningError(
+        raise RescaleError(
             f"job {name!r} is running: stop it first (`kappaflow jobs stop {name}`), or give "
             "--restart to stop it, rescale it and start it again"
         )

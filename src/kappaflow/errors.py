@@ -1194,8 +1194,8 @@ class RescaleNoChangeError(RescaleError, ValueError):
 
 
 class RescaleUnsupportedError(RescaleError):
-    """The job cannot be rescaled: it runs in real-time mode, is not on the job API, or
-    Spark's state repartitioning refused its checkpoint."""
+    """The job cannot be rescaled: it runs in real-time mode, is not on the job API,
+    keeps no state, or Spark's state repartitioning refused its checkpoint."""
 
     code = "KF913"
 

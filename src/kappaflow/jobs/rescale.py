@@ -40,7 +40,7 @@ import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kappaflow.errors import (
     InvalidPartitionsError,
@@ -106,8 +106,6 @@ def rescale(
 ) -> Rescaled:
     """Change job ``name``'s shuffle and state partitions to ``count`` (see the module's
     docstring); ``restart``: a running job is stopped first and started again after."""
-    from kappaflow.jobs.restore import relocate
-
     jobs = JobManager(settings)
     record = jobs.get(name)
     if record.real_time:
@@ -131,7 +129,11 @@ def rescale(
             f"job {name!r} has no checkpoint yet ({root}): let it run a batch first"
         )
     stateful = [q for q in queries if _has_state(q)]
-    if stateful and all(before[q.name] == count for q in stateful):
+    if not stateful:
+        raise RescaleUnsupportedError(
+            f"job {name!r} keeps no state: its outputs have no partitions to rescale"
+        )
+    if all(before[q.name] == count for q in stateful):
         raise RescaleNoChangeError(f"job {name!r} already has {count} partitions")
     running = jobs.is_running(name)
     if running and not restart:
@@ -156,7 +158,7 @@ def rescale(
         )
         changing = [q for q in stateful if before[q.name] != count]
         try:
-            _repartition(settings, name, root, [q.name for q in changing], count, spark, relocate)
+            _repartition(settings, name, root, [q.name for q in changing], count, spark)
         except BaseException:
             # The checkpoint is as it was: the savepoint of it is not needed.
             shutil.rmtree(taken.path, ignore_errors=True)
@@ -186,13 +188,13 @@ def _repartition(
     queries: list[str],
     count: int,
     spark: SparkSession | None,
-    relocate: Any,
 ) -> None:
     """Repartition ``queries`` of the checkpoint at ``root`` in a copy beside it, then
     swap the copy in."""
     from py4j.protocol import Py4JJavaError
     from pyspark.sql import SparkSession
 
+    from kappaflow.jobs.restore import relocate
     from kappaflow.spark.session import build_session
 
     incoming = root.parent / f".{name}.rescaling"

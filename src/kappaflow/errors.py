@@ -1171,6 +1171,43 @@ class SecurityModeError(SecurityError):
     code = "KF908"
 
 
+# KF910-KF914: rescaling a job (jobs/rescale.py).
+
+
+class RescaleError(KappaflowError, RuntimeError):
+    """A job cannot be rescaled as it is; KF910 itself: it runs, and ``--restart`` (stop
+    it, rescale it, start it again) was not given."""
+
+    code = "KF910"
+
+
+class InvalidPartitionsError(RescaleError, ValueError):
+    """A rescale to fewer than one partition."""
+
+    code = "KF911"
+    exit_code = 2
+
+
+class RescaleNoChangeError(RescaleError, ValueError):
+    """A rescale to the partitions the job already has."""
+
+    code = "KF912"
+
+
+class RescaleUnsupportedError(RescaleError):
+    """The job cannot be rescaled: it runs in real-time mode, is not on the job API,
+    keeps no state, or Spark's state repartitioning refused its checkpoint."""
+
+    code = "KF913"
+
+
+class RescaleUnfinishedBatchError(RescaleError):
+    """The job's checkpoint ends with a batch that did not finish: rescaling would skip
+    it, and the sinks that wrote part of it would write its input again."""
+
+    code = "KF914"
+
+
 def http_status(exc: KappaflowError) -> int:
     """The HTTP status the service answers ``exc`` with: its own, else by its kind."""
     status = getattr(exc, "status", None)

@@ -220,6 +220,7 @@ def status(ctx: Context, name: str, as_json: bool) -> None:
     columns = [
         "output",
         "batch",
+        "partitions",
         "events_read",
         "events",
         "duplicates",
@@ -419,4 +420,32 @@ def promote(ctx: Context, name: str, timeout: float) -> None:
     say(
         f"job {name} runs {done['app']}: the shadow's state and outputs took over "
         f"({bridged} records bridged; savepoint {done['savepoint']} holds the version before)"
+    )
+
+
+@jobs.command("rescale")
+@click.argument("name")
+@click.option(
+    "--partitions", type=int, required=True, help="the job's new shuffle and state partitions"
+)
+@click.option(
+    "--as", "label", metavar="LABEL", help="its savepoint's label [default: rescale-TIME]"
+)
+@click.option("--restart", is_flag=True, help="stop a running job first, and start it again after")
+@pass_context
+def rescale(ctx: Context, name: str, partitions: int, label: str | None, restart: bool) -> None:
+    """Change stopped job NAME's parallelism: its shuffle partitions and its state's,
+    the state redistributed by key. A savepoint of the job before is taken first, to go
+    back to (`jobs start --from-savepoint`)."""
+    from kappaflow.jobs.rescale import rescale as rescale_job
+
+    done = rescale_job(ctx.settings, name, partitions, label=label, restart=restart)
+    changes = ", ".join(
+        f"{o} {done.before[o]} -> {n}" for o, n in done.after.items() if o not in done.unchanged
+    )
+    kept = "".join(f"; {o} has no state and keeps its partitions" for o in done.unchanged)
+    say(
+        f"job {name} rescaled to {partitions} partitions ({changes}){kept}; savepoint "
+        f"{done.savepoint.label} holds it as it was"
+        + (f"; job {name} started again" if done.restarted else "")
     )

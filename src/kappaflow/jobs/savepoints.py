@@ -69,6 +69,7 @@ from kappaflow.errors import (
 from kappaflow.jobs.files import PLAN, local_path, write_atomically
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
+from kappaflow.spark.checkpoint import shuffle_partitions
 from kappaflow.streams.output.lake_delta_log import is_delta_dir, last_batch
 from kappaflow.streams.output.lake_manifest import MANIFEST_DIR, is_record
 from kappaflow.timeutil import iso
@@ -255,6 +256,8 @@ class _Query:
             "planned_batch_id": self.planned,
             "source_offsets": [] if committed is None else _source_offsets(self.folder, committed),
             "state": json.loads(plan.read_text()) if plan.exists() else None,
+            # Its shuffle and state partitions (jobs rescale changes them).
+            "partitions": shuffle_partitions(self.folder),
         }
 
 

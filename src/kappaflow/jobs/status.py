@@ -17,7 +17,7 @@ from typing import Any
 
 from kappaflow.jobs.manager import JobManager
 from kappaflow.settings import Settings
-from kappaflow.spark.checkpoint import is_remote, offsets_consumed
+from kappaflow.spark.checkpoint import is_remote, offsets_consumed, shuffle_partitions
 
 
 def job_status(settings: Settings, name: str) -> dict[str, Any]:
@@ -50,6 +50,8 @@ def outputs_status(settings: Settings, name: str) -> dict[str, Any]:
             "watermark_ms": status.get("watermark"),
             **status.get("totals", {}),
             "events_read": _events_read(settings, name, output, status),
+            # Its shuffle and state partitions, as its checkpoint pins them (jobs rescale).
+            "partitions": _partitions(settings, name, output),
             "updated_at": status.get("at"),
         }
         entry.update(query_progress(progress.get(f"{name}.{output}")))
@@ -87,6 +89,19 @@ def events_read(
     query_dir = Path(location.removeprefix("file://").removeprefix("file:")) / job / output
     try:
         return offsets_consumed(query_dir, batch_id)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _partitions(settings: Settings, job: str, output: str) -> int | None:
+    """The output's shuffle and state partitions, from its local checkpoint's offset log
+    (None for one on HDFS or S3, which this process does not reach)."""
+    location = settings.checkpoint_location
+    if is_remote(location):
+        return None
+    query_dir = Path(location.removeprefix("file://").removeprefix("file:")) / job / output
+    try:
+        return shuffle_partitions(query_dir)
     except (OSError, IndexError, ValueError):
         return None
 

@@ -140,6 +140,20 @@ def batch_watermark(offset_log_entry: str) -> int:
     return int(metadata.get("batchWatermarkMs", 0))
 
 
+def shuffle_partitions(query_dir: Path) -> int | None:
+    """The shuffle partitions (its state's partitions) a query's last planned batch ran
+    with, as its offset log entry pins them: a restart takes them from there, whatever
+    the session says (None: no batch yet)."""
+    log = query_dir / "offsets"
+    batches = [int(p.name) for p in log.iterdir() if p.name.isdigit()] if log.is_dir() else []
+    if not batches:
+        return None
+    lines = (log / str(max(batches))).read_text().splitlines()
+    metadata = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
+    value = (metadata.get("conf") or {}).get("spark.sql.shuffle.partitions")
+    return None if value is None else int(value)
+
+
 def _json_line(lines: list[str], index: int) -> Offsets:
     value: Offsets = json.loads(lines[index])
     return value

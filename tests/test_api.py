@@ -30,9 +30,8 @@ from service import (
     served_app,
 )
 
-from kappaflow.api.server import settings_json
 from kappaflow.procs import free_port
-from kappaflow.settings import Settings, load_settings
+from kappaflow.settings import Settings, load_settings, settings_json
 from test_docs import documented_endpoints
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -15,11 +14,10 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
 from conftest import RunCli
-from faults import CRASH_AT, CRASH_RECORD
+from faults import count_with_crash
 from live_jobs import topic_values
 
 from kappaflow.counting.job import OUTPUT
-from kappaflow.counting.spec import CountSpec
 from kappaflow.errors import WaitTimeoutError
 from kappaflow.jobs.manager import JobManager
 from kappaflow.kafka.clients import consumer
@@ -45,7 +43,6 @@ from test_counting import (
 
 pytestmark = pytest.mark.long
 
-SUPPORT = Path(__file__).resolve().parent / "support"
 # A crash before a batch writes anything re-runs it like any other; the steps after a
 # write are where exactly-once could break. The counting job crashes after its serving
 # store's write and inside its open transaction; the job API's test of the same batch
@@ -79,28 +76,8 @@ def start_with_crash(
     cli: RunCli, job: str, source: str, step: str, first_batch: int, record: Path
 ) -> None:
     """Start counting job ``job`` through the fault-injection pipeline (tests/support)."""
-    params = CountSpec(
-        source=source,
-        key_field="page",
-        time_field="ts",
-        id_field="id",
-        window_ms=WINDOW_MS,
-        watermark_ms=5_000,
-        allowed_lateness_ms=20_000,
-    ).to_params()
-    result = cli(
-        "jobs",
-        "start",
-        job,
-        "--pipeline",
-        "faults:COUNT_WITH_CRASH",
-        *itertools.chain.from_iterable(("-P", f"{k}={v}") for k, v in params.items()),
-        env={
-            "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
-            CRASH_AT: f"{step}:{first_batch}",
-            CRASH_RECORD: str(record),
-        },
-    )
+    args, env = count_with_crash(source, WINDOW_MS, f"{step}:{first_batch}", record)
+    result = cli("jobs", "start", job, *args, env=env)
     assert result.code == 0, result.err
 
 

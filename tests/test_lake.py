@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from kappaflow.errors import (
@@ -34,23 +34,7 @@ from kappaflow.streams.output.lake_read import (
     read_spark,
     register_duckdb,
 )
-
-SCHEMA = "id INT, region STRING, ts TIMESTAMP, amount DOUBLE"
-START = datetime(2026, 11, 23, 22, 0, tzinfo=UTC)
-
-
-class CrashError(Exception):
-    """The driver dying at a step of ``write``."""
-
-
-def batch(spark: SparkSession, first: int, count: int = 4) -> DataFrame:
-    """Rows ``first`` … ``first + count - 1``, an hour apart from 22:00 UTC (so a batch
-    crosses midnight), in two regions."""
-    rows = [
-        (i, "eu" if i % 2 else "us", START + timedelta(hours=i), i * 1.5)
-        for i in range(first, first + count)
-    ]
-    return spark.createDataFrame(rows, SCHEMA)
+from lake_batches import START, CrashError, batch
 
 
 def expected(first: int, count: int) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ injected at each step of ``write`` with its ``on_step`` hook, as for the manifes
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pyarrow as pa
 import pytest
 from conftest import error_line, run_kappaflow
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from kappaflow.api.sql import describe_tables, run_sql
 from kappaflow.errors import LakeSchemaError
@@ -31,23 +30,7 @@ from kappaflow.streams.output.lake_read import (
     read_spark,
     register_duckdb,
 )
-
-SCHEMA = "id INT, region STRING, ts TIMESTAMP, amount DOUBLE"
-START = datetime(2026, 11, 23, 22, 0, tzinfo=UTC)
-
-
-class CrashError(Exception):
-    """The driver dying at a step of ``write``."""
-
-
-def batch(spark: SparkSession, first: int, count: int = 4) -> DataFrame:
-    """Rows ``first`` … ``first + count - 1``, an hour apart from 22:00 UTC (a batch
-    crosses midnight), in two regions."""
-    rows = [
-        (i, "eu" if i % 2 else "us", START + timedelta(hours=i), i * 1.5)
-        for i in range(first, first + count)
-    ]
-    return spark.createDataFrame(rows, SCHEMA)
+from lake_batches import CrashError, batch
 
 
 def ids(table: pa.Table) -> list[int]:

@@ -12,9 +12,7 @@ after it (in this order) what the failover left.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import threading
 import time
 import uuid
@@ -30,11 +28,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from conftest import Result, error_line, make_settings, run_kappaflow
-from faults import CRASH_AT, CRASH_RECORD
+from faults import count_with_crash
 from live_jobs import send_json
 
 from kappaflow.counting.failover import start_from
-from kappaflow.counting.spec import CountSpec
 from kappaflow.counting.store import CountStore
 from kappaflow.errors import KappaflowError, TopicNotFoundError
 from kappaflow.jobs.manager import JobManager
@@ -54,7 +51,6 @@ from test_counting import DEFINITION, events
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-SUPPORT = Path(__file__).resolve().parent / "support"
 OFFSET_LAG_MAX = 10
 SYNC_INTERVAL_S = 1
 #: Short intervals, so that a test waits seconds, not minutes, for MirrorMaker to notice
@@ -302,24 +298,8 @@ def interrupted(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) ->
         producer.begin_transaction()
         producer.produce(source, key=value["page"], value=json.dumps(value))
         producer.commit_transaction(30)
-    params = CountSpec(
-        source=source,
-        key_field="page",
-        time_field="ts",
-        id_field="id",
-        window_ms=WINDOW_MS,
-        watermark_ms=5_000,
-        allowed_lateness_ms=20_000,
-    ).to_params()
-    started = clusters.cli(
-        "jobs", "start", job, "--pipeline", "faults:COUNT_WITH_CRASH",
-        *itertools.chain.from_iterable(("-P", f"{k}={v}") for k, v in params.items()),
-        env={
-            "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
-            CRASH_AT: "in-transaction:1",
-            CRASH_RECORD: str(record),
-        },
-    )  # fmt: skip
+    args, env = count_with_crash(source, WINDOW_MS, "in-transaction:1", record)
+    started = clusters.cli("jobs", "start", job, *args, env=env)
     assert started.code == 0, started.err
     store = CountStore(redis_client(primary), job)
     wait_for(

@@ -315,16 +315,7 @@ def test_a_large_batch_is_written_by_the_tasks_and_never_reaches_the_driver(
         F.col("id").cast("int").alias("src_partition"),
         F.col("id").alias("src_offset"),
     )
-    source = Source(
-        topic="clicks",
-        schema=RecordSchema("Click", (), None),
-        keys=("user",),
-        time="at",
-        id=None,
-        watermark_ms=0,
-        lateness_ms=0,
-        start="earliest",
-    )
+    source = _clicks()
     target = OutputTarget(
         job=job,
         name="o",
@@ -434,16 +425,9 @@ class _CountingStore(MemoryStore):
         return super().write(output, rows)
 
 
-def _batch(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
-    columns = "kind string, key string, window_start bigint, window_end bigint, values string"
-    more = ", version bigint, watermark bigint, events bigint, held bigint"
-    return _shaped(spark.createDataFrame(rows, columns + more))
-
-
-def test_a_batch_without_changes_runs_no_store_write_and_is_accounted(
-    spark: SparkSession,
-) -> None:
-    source = Source(
+def _clicks() -> Source:
+    """The source of the outputs the tests write: clicks keyed by user."""
+    return Source(
         topic="clicks",
         schema=RecordSchema("Click", (), None),
         keys=("user",),
@@ -453,6 +437,18 @@ def test_a_batch_without_changes_runs_no_store_write_and_is_accounted(
         lateness_ms=0,
         start="earliest",
     )
+
+
+def _batch(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    columns = "kind string, key string, window_start bigint, window_end bigint, values string"
+    more = ", version bigint, watermark bigint, events bigint, held bigint"
+    return _shaped(spark.createDataFrame(rows, columns + more))
+
+
+def test_a_batch_without_changes_runs_no_store_write_and_is_accounted(
+    spark: SparkSession,
+) -> None:
+    source = _clicks()
     target = OutputTarget(
         job="j",
         name="o",

@@ -8,6 +8,7 @@ Kafka client and Spark options are derived here and nowhere else.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -617,6 +618,25 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.state_dir / "jobs"
+
+
+def settings_json(settings: Settings) -> str:
+    """``settings`` as JSON that ``Settings.model_validate_json`` reads back whole, secrets
+    included: how a command hands its settings to a process it starts (the service, the
+    schema registry)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    return json.dumps(plain(settings.model_dump()))
 
 
 def secure_marker(state_dir: Path) -> Path:

@@ -13,6 +13,7 @@ crashed in to the file ``CRASH_RECORD`` names, then SIGKILLs itself.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -21,12 +22,43 @@ from pathlib import Path
 from pyspark.sql.streaming import StreamingQuery
 
 from kappaflow.counting import pipeline as counting
+from kappaflow.counting.spec import CountSpec
 from kappaflow.jobs.contract import JobContext, Pipeline
 from kappaflow.jobs.from_build import start_app
 from kappaflow.streams.output.writer import STEPS
 
 CRASH_AT = "KAPPAFLOW_FAULT_CRASH_AT"
 CRASH_RECORD = "KAPPAFLOW_FAULT_RECORD"
+
+
+def count_with_crash(
+    source: str, window_ms: int, crash_at: str, record: Path
+) -> tuple[list[str], dict[str, str]]:
+    """How a test starts the counting job of ``source`` through ``COUNT_WITH_CRASH``: the
+    arguments of ``jobs start JOB`` after the job's name, and the environment that puts this
+    directory on the driver's PYTHONPATH and arms the crash at ``crash_at`` (``STEP:N``),
+    recorded in ``record``."""
+    params = CountSpec(
+        source=source,
+        key_field="page",
+        time_field="ts",
+        id_field="id",
+        window_ms=window_ms,
+        watermark_ms=5_000,
+        allowed_lateness_ms=20_000,
+    ).to_params()
+    args = [
+        "--pipeline",
+        "faults:COUNT_WITH_CRASH",
+        *itertools.chain.from_iterable(("-P", f"{k}={v}") for k, v in params.items()),
+    ]
+    here = str(Path(__file__).resolve().parent)
+    env = {
+        "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
+        CRASH_AT: crash_at,
+        CRASH_RECORD: str(record),
+    }
+    return args, env
 
 
 def _crash(step: str, output: str, batch_id: int, results: int) -> None:

@@ -69,7 +69,12 @@ def wait_job(
 
 
 def stop_if_running(settings: Settings, job: str) -> None:
-    """Stop ``job`` if it still runs: a test that failed half-way leaves no driver behind."""
+    """Stop ``job`` if it still runs: a test that failed half-way leaves no driver behind.
+
+    Killed at once, its process group with it (the driver, its JVM; its parts, which stop
+    when their main driver is gone): a test's tear-down reads nothing a graceful stop
+    writes, and waiting for the queries to finish their batch and Spark to stop took
+    seconds per test."""
     jobs = JobManager(settings)
     if jobs.get_state(job) == "running":
-        jobs.stop(job)
+        jobs.stop(job, timeout=0)

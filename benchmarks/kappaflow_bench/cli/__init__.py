@@ -10,7 +10,7 @@ import click
 from kappaflow import __version__
 from kappaflow.cli import run_cli
 from kappaflow.cli.context import Context, settings_options
-from kappaflow_bench.cli import api, count, iot, nexmark, push, scale_out, ysb
+from kappaflow_bench.cli import api, count, iot, nexmark, profile, push, scale_out, ysb
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -44,6 +44,7 @@ for _command in (
     *scale_out.COMMANDS,
     *ysb.COMMANDS,
     *nexmark.COMMANDS,
+    *profile.COMMANDS,
 ):
     cli.add_command(_command)
 

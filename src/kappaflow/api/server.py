@@ -10,16 +10,12 @@ refused.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from pydantic import SecretStr
 
 from kappaflow.errors import (
     ApiBindRefusedError,
@@ -28,7 +24,7 @@ from kappaflow.errors import (
     ServiceStartTimeoutError,
 )
 from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, settings_json
 from kappaflow.waiting import wait_for
 
 START_TIMEOUT_S = 60.0
@@ -43,23 +39,6 @@ class ApiStatus:
     pid: int | None
     url: str
     started_at: float | None
-
-
-def settings_json(settings: Settings) -> str:
-    """``settings`` as JSON that ``Settings.model_validate_json`` reads back whole."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        if isinstance(value, Path):
-            return str(value)
-        return value
-
-    return json.dumps(plain(settings.model_dump()))
 
 
 def check_bind(settings: Settings) -> None:

@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from kappaflow.api.server import SETTINGS_ENV, settings_json
+from kappaflow.api.server import SETTINGS_ENV
 from kappaflow.errors import ApiError, KappaflowError, http_status
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, settings_json
 
 #: How long one read may take: a Spark session's start, then the state data source.
 READ_TIMEOUT_S = 300.0

@@ -50,7 +50,7 @@ from kappaflow.errors import (
     TopicFollowerTooSlowError,
 )
 from kappaflow.kafka.broker import EmbeddedBroker
-from kappaflow.kafka.clients import admin, cluster_metadata, consumer, describe
+from kappaflow.kafka.clients import admin, at_end, cluster_metadata, consumer, describe
 from kappaflow.kafka.records import StartAt, _start_offsets
 from kappaflow.kafka.topics import INTERNAL_PREFIX, topic_partitions
 from kappaflow.settings import KafkaSettings, Settings
@@ -315,15 +315,12 @@ def read_page(
         if message is None:
             continue
         part = message.partition()
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                if part is not None:
-                    # Past aborted records and transaction markers, up to the end.
-                    positions[part] = max(positions[part], message.offset() or 0)
-                    active.discard(part)
-                continue
-            raise ConsumeError(f"reading {topic!r} failed: {error.str()}")
+        if at_end(message, topic):
+            if part is not None:
+                # Past aborted records and transaction markers, up to the end.
+                positions[part] = max(positions[part], message.offset() or 0)
+                active.discard(part)
+            continue
         if part is None or part not in active:
             continue
         offset = message.offset() or 0

@@ -37,7 +37,6 @@ from confluent_kafka import (
     OFFSET_INVALID,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -50,7 +49,7 @@ from kappaflow.errors import (
     NoDeadLettersError,
     TopicNotFoundError,
 )
-from kappaflow.kafka.clients import consumer, describe, transactional_producer
+from kappaflow.kafka.clients import at_end, consumer, describe, transactional_producer
 from kappaflow.kafka.topics import topic_partitions
 from kappaflow.settings import Settings
 from kappaflow.streams.ops.parsing import REPLAY_JOB_HEADER, REPLAY_OF_HEADER
@@ -255,12 +254,9 @@ def _read(
         if message is None:
             continue
         part = message.partition()
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                active.discard(part if part is not None else -1)
-                continue
-            raise ConsumeError(f"reading {topic!r} failed: {error.str()}")
+        if at_end(message, topic):
+            active.discard(part if part is not None else -1)
+            continue
         if part is None or part not in active:
             continue
         offset = message.offset() or 0

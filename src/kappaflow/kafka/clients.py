@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from kappaflow.errors import (
     AuthenticationFailedError,
+    ConsumeError,
     KafkaClusterError,
     KafkaUnreachableError,
     NotAuthorizedError,
@@ -156,6 +157,18 @@ def unreachable(
     hint = "start it with `kappaflow kafka start`" if kafka.embedded else "check bootstrap_servers"
     detail = f" ({describe(exc)})" if exc is not None else ""
     return KafkaUnreachableError(f"cannot reach Kafka at {kafka.bootstrap}{detail}: {hint}")
+
+
+def at_end(message: Message, topic: str) -> bool:
+    """Whether ``message``, polled from ``topic``, tells that its partition was read to
+    its end (a reader with ``enable.partition.eof``) rather than holding a record;
+    ConsumeError for any other error it carries."""
+    error = message.error()
+    if error is None:
+        return False
+    if error.code() == KafkaError._PARTITION_EOF:
+        return True
+    raise ConsumeError(f"reading {topic!r} failed: {error.str()}")
 
 
 def describe(exc: BaseException) -> str:

@@ -21,14 +21,13 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from kappaflow import rest
 from kappaflow.errors import (
     ConnectRequestError,
     ConnectStartError,
@@ -215,21 +214,10 @@ class ConnectWorker:
 
     def request(self, method: str, path: str, body: object = None) -> Any:
         """One call to the worker's REST API; its JSON answer (None when empty)."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=30) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("message", exc.reason)
-            except ValueError:
-                message = exc.reason
-            raise ConnectRequestError(
-                f"Kafka Connect refused {method} {path}: {exc.code} {message}"
-            ) from None
+            raw = rest.call(self.url + path, method, body)
+        except rest.RefusedError as exc:
+            raise ConnectRequestError(f"Kafka Connect refused {method} {path}: {exc}") from None
         except OSError as exc:
             raise ConnectRequestError(
                 f"Kafka Connect at {self.url} does not answer ({exc}): `kappaflow connect start`"

@@ -30,7 +30,7 @@ from kappaflow.errors import (
     ProduceError,
     SameTopicError,
 )
-from kappaflow.kafka.clients import consumer, describe, producer
+from kappaflow.kafka.clients import at_end, consumer, describe, producer
 from kappaflow.kafka.topics import create_topic, topic_partitions
 from kappaflow.settings import KafkaSettings
 from kappaflow.timeutil import from_epoch_ms, iso, to_epoch_ms
@@ -195,13 +195,10 @@ def read_records(
             if message is None:
                 continue
             part = message.partition()
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    if not follow and part is not None:
-                        active.discard(part)
-                    continue
-                raise ConsumeError(f"reading {topic!r} failed: {error.str()}")
+            if at_end(message, topic):
+                if not follow and part is not None:
+                    active.discard(part)
+                continue
             if part is None or part not in active:
                 continue
             offset = message.offset() or 0

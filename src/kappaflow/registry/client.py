@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from kappaflow import rest
 from kappaflow.errors import RegistryRequestError
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -82,20 +81,11 @@ class RegistryClient:
     def request(self, method: str, path: str, body: object = None) -> Any:
         """One call; its JSON answer. RegistryRequestError (KF431) with the registry's
         message when it refuses, or when it does not answer."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": CONTENT_TYPE}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=30) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("message", exc.reason)
-            except ValueError:
-                message = exc.reason
+            raw = rest.call(self.url + path, method, body, content_type=CONTENT_TYPE)
+        except rest.RefusedError as exc:
             raise RegistryRequestError(
-                f"the schema registry refused {method} {path}: {exc.code} {message}"
+                f"the schema registry refused {method} {path}: {exc}"
             ) from None
         except OSError as exc:
             raise RegistryRequestError(

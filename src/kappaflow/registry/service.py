@@ -4,20 +4,16 @@ status, logs (``kappaflow registry ...``). Its log and pid file live under
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
-
-from pydantic import SecretStr
 
 from kappaflow.errors import KafkaUnreachableError, PortInUseError, RegistryStartError
 from kappaflow.kafka.clients import cluster_metadata
 from kappaflow.procs import ManagedProcess, ProcState, port_held, tail
 from kappaflow.registry.client import RegistryClient
 from kappaflow.registry.server import SETTINGS_ENV
-from kappaflow.settings import Settings
+from kappaflow.settings import Settings, settings_json
 from kappaflow.waiting import wait_for
 
 START_TIMEOUT_S = 60.0
@@ -58,7 +54,7 @@ class EmbeddedRegistry:
         if port_held(config.host, config.port):
             raise PortInUseError(f"port {config.host}:{config.port} (registry.port) is in use")
         self.home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, SETTINGS_ENV: _settings_json(self.settings)}
+        env = {**os.environ, SETTINGS_ENV: settings_json(self.settings)}
         argv = [sys.executable, "-m", "kappaflow.registry.server", str(self.home)]
         self.process.spawn(argv, log_file=self.log, env=env)
         pid = self.process.status().pid
@@ -100,20 +96,3 @@ class EmbeddedRegistry:
 
     def logs(self, lines: int = 50) -> list[str]:
         return tail(self.log, lines)
-
-
-def _settings_json(settings: Settings) -> str:
-    """``settings`` as JSON that ``Settings.model_validate_json`` reads back whole."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        if isinstance(value, Path):
-            return str(value)
-        return value
-
-    return json.dumps(plain(settings.model_dump()))

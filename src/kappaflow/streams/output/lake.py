@@ -138,14 +138,7 @@ class LakeWriter:
                     f"the writer by {list(self.partition_by)}"
                 )
             check_schema(latest, schema, self.root)
-        attempt = uuid.uuid4().hex[:12]
-        staging = f"{STAGING_DIR}/batch={batch_id}-{attempt}"
-        with _micros_timestamps(self.spark):
-            writer = frame.write.mode("errorifexists").partitionBy(*self.partition_by)
-            writer.parquet(self.fs.uri(staging))
-        self._step("staged", batch_id)
-        files = self._publish(batch_id, attempt, staging)
-        self._step("published", batch_id)
+        files = self._stage_and_publish(frame, batch_id)
         manifest = Manifest(batch_id, sum(f.rows for f in files), files, schema, self.partition_by)
         self.fs.write_atomically(f"{MANIFEST_DIR}/{record_name(batch_id)}", manifest.to_json())
         self._latest, self._latest_read = manifest, True
@@ -160,6 +153,19 @@ class LakeWriter:
     def _step(self, step: str, batch_id: int) -> None:
         if self.on_step is not None:
             self.on_step(step, batch_id)
+
+    def _stage_and_publish(self, frame: DataFrame, batch_id: int) -> tuple[DataFile, ...]:
+        """Write ``frame`` under staging, in an attempt's folder of its own, and move its
+        files into the table's partitions: the batch's files, not yet committed."""
+        attempt = uuid.uuid4().hex[:12]
+        staging = f"{STAGING_DIR}/batch={batch_id}-{attempt}"
+        with _micros_timestamps(self.spark):
+            writer = frame.write.mode("errorifexists").partitionBy(*self.partition_by)
+            writer.parquet(self.fs.uri(staging))
+        self._step("staged", batch_id)
+        files = self._publish(batch_id, attempt, staging)
+        self._step("published", batch_id)
+        return files
 
     def _prepared(self, frame: DataFrame) -> DataFrame:
         """The batch with its date column, its data columns first and its partition columns

@@ -154,14 +154,7 @@ class DeltaLakeWriter(LakeWriter):
         table = describe(self.spark, self.root)
         if table is not None:
             self._check(table, schema)
-        attempt = uuid.uuid4().hex[:12]
-        staging = f"{STAGING_DIR}/batch={batch_id}-{attempt}"
-        with _micros_timestamps(self.spark):
-            writer = frame.write.mode("errorifexists").partitionBy(*self.partition_by)
-            writer.parquet(self.fs.uri(staging))
-        self._step("staged", batch_id)
-        files = self._publish(batch_id, attempt, staging)
-        self._step("published", batch_id)
+        files = self._stage_and_publish(frame, batch_id)
         added = [self._add(file.path, file.rows) for file in files]
         version = _call(
             "commit",

@@ -16,6 +16,7 @@ from kappaflow.iot.jvm.scorer import scorer_jar
 from kappaflow.iot.models import ALERT_SCORE, MODELS, Scorer
 from kappaflow.settings import Settings
 from test_iot_models import _daily
+from test_iot_season import square
 
 
 def _series() -> list[float]:
@@ -171,3 +172,41 @@ def test_the_jvm_scorer_explains_each_reading_as_the_python_scorer(
     assert len(explained) > 2500
     for mine, jvms in explained:
         assert jvms == pytest.approx(mine, rel=1e-9, abs=1e-9)
+
+
+def test_the_jvm_scorer_scores_the_seasonal_term_as_python_does(spark: SparkSession) -> None:
+    """On a square wave that stops for a while (test_iot_season), the seasonal term's
+    profile, its memory and the alarm it raises are the same on the JVM, reading by
+    reading, through batches of parameters that refine the period."""
+    jvm: Any = spark.sparkContext._jvm
+    scorers = jvm.io.kappaflow.iot
+    model = MODELS["likelihood"]
+    values = square(stop=2000)
+    trainer, python = model.trainer(), Scorer(model)
+    memory = ""
+    params: dict[str, Any] | None = None
+    ours: list[float] = []
+    theirs: list[float] = []
+    profiles = 0
+    for rows in rounds(len(values), 128):
+        if len(ours) % 2:
+            memory = json.dumps(python.state())
+        jvm_scorer = scorers.SeriesScorer.restore("likelihood", memory)
+        given = scorers.Params.parse(json.dumps(params)) if params is not None else None
+        profiles += bool(params and params["profile"])
+        for value in values[rows.start : rows.stop]:
+            ours.append(python.score(value, params))
+            theirs.append(jvm_scorer.score(value, given))
+        remembered, expected = json.loads(jvm_scorer.state()), python.state()
+        memory = json.dumps(remembered)
+        assert remembered.keys() == expected.keys()
+        if expected["season"] is None:
+            assert remembered["season"] is None
+        else:
+            assert remembered["season"] == pytest.approx(expected["season"], rel=1e-12)
+        params = trainer.learn(values[rows.start : rows.stop])
+    assert profiles >= 5
+    assert theirs == pytest.approx(ours, abs=1e-9)
+    found = [row for row, score in enumerate(theirs) if score >= ALERT_SCORE]
+    # The stop, within a cycle of its start; nothing else before the cycle comes back.
+    assert 1993 <= found[0] < 2060 and all(row >= 2280 for row in found[1:])

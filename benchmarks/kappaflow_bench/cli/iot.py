@@ -402,4 +402,73 @@ def iot_anomaly(data: Path, out_file: Path, models: str, batch: int) -> None:
     say(f"written to {out_file}")
 
 
-COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency, iot_anomaly)
+@click.command("iot-scorer-cost")
+@click.option(
+    "--data",
+    default="data/anomaly/dev",
+    show_default=True,
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+)
+@click.option(
+    "--jar",
+    "jars",
+    multiple=True,
+    help="LABEL=PATH of a kappaflow-iot.jar to time (repeat to compare; default: setup's)",
+)
+@click.option(
+    "--python-src",
+    "sources",
+    multiple=True,
+    help="LABEL=DIR of a kappaflow source tree (its src folder) to time the Python model "
+    "from (repeat to compare; default: the installed one)",
+)
+@click.option("--batch", default=512, show_default=True, type=click.IntRange(min=1))
+@click.option("--passes", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results/iot-scorer-cost",
+    show_default=True,
+    type=click.Path(path_type=Path),
+)
+@pass_context
+def iot_scorer_cost(
+    ctx: Context,
+    data: Path,
+    jars: tuple[str, ...],
+    sources: tuple[str, ...],
+    batch: int,
+    passes: int,
+    out_dir: Path,
+) -> None:
+    """The likelihood model's cost per reading: the JVM real-time scorer's (µs a reading
+    scored) and the Python trainer's and scorer's, on DATA's series, replayed in rounds."""
+    from kappaflow.iot.jvm.scorer import scorer_jar
+    from kappaflow_bench.iot_scorer_cost import run
+
+    if not jars:
+        jar = scorer_jar(ctx.settings)
+        if jar is None:
+            raise click.ClickException("no kappaflow-iot.jar: run kappaflow setup")
+        jars = (f"current={jar}",)
+    if not sources:
+        import kappaflow
+
+        sources = (f"current={Path(kappaflow.__file__).parent.parent}",)
+    result = run(data, out_dir, jars, sources, batch, passes)
+    rows: list[list[object]] = [
+        [f"jvm {label}", "score", *(f"{v:.2f}" for v in runs)]
+        for label, runs in result["jvm_us_per_reading"].items()
+    ]
+    for label, runs in result["python"].items():
+        rows.append([f"python {label}", "train", *(f"{r['train_us']:.2f}" for r in runs)])
+        rows.append([f"python {label}", "score", *(f"{r['score_us']:.2f}" for r in runs)])
+    table(
+        f"µs a reading, {result['readings']:,} readings",
+        ["code", "part", *(f"pass {i + 1}" for i in range(passes))],
+        rows,
+    )
+    say(f"wrote {out_dir / 'result.json'}")
+
+
+COMMANDS = (iot_models, iot_corpus, iot_ingest, iot_latency, iot_anomaly, iot_scorer_cost)

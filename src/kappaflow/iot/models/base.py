@@ -6,7 +6,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kappaflow.iot.models.season import Season
 
 #: Published parameters: JSON-ready, with ``model``, ``version``, ``n`` (readings learnt),
 #: ``surprise`` (mean and spread of the raw surprise seen in training), ``tail`` (where
@@ -168,6 +171,11 @@ class Model:
     #: takes the raw surprise from it where given (once a reading, not twice), and turns
     #: it into the expected range of an alert's explanation (``Scorer.explain``).
     expected: Callable[[Params, Sequence[float]], tuple[float, float] | None] | None = None
+    #: A seasonal surprise's tail probability given the parameters, the scorer's seasonal
+    #: memory (``season.Season``, which it learns), the reading's index in its series and
+    #: the reading (None: none), scored beside the others. Needs ``guards`` (their count
+    #: of readings gives the index).
+    seasonal: Callable[[Params, Season, int, float], float] | None = None
 
 
 #: Every family's parameters have these beside their own (``Trainer.params``).

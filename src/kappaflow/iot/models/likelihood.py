@@ -16,6 +16,11 @@ or two readings stood out from both their neighbours (a spike that came back), i
 changes from reading to reading; a square wave's steps, which make the first surprise
 common, are no spikes. The score is the larger of the two.
 
+A third, where the series repeats itself (``season``): the reading's distance from the
+cycle the trainer learnt at its phase, so that a cycle that stops, at its mean or
+anywhere, is found within half a cycle where no reading is far from recent ones; it must
+be ``season.RARER`` times rarer than the others to score the same.
+
 The window is the scorer's own last readings, so the level follows a level shift within
 half a window (the new normal), and after the first alarm the readings of a new level are
 not surprising for long. The scorer adds what no distribution of surprises sees
@@ -47,7 +52,8 @@ from kappaflow.iot.models.base import (
     Params,
     Trainer,
 )
-from kappaflow.iot.models.scoring import tail_probability
+from kappaflow.iot.models.scoring import alert_surprise, tail_probability
+from kappaflow.iot.models.season import RARER, Profile, Season, unit_for
 
 WINDOW = 64
 #: The widths of a spike, in readings, that ``spike_surprise`` looks for.
@@ -155,6 +161,10 @@ class LikelihoodTrainer(Trainer):
     # The window's spread as surprise() found it, for update(); class-level too, so that
     # a trainer pickled without it (in a training job's state) goes on learning.
     _spread: float | None = None
+    # The seasonal term and its surprise's distribution; None in a trainer pickled before
+    # them (made at its next reading).
+    _profile: Profile | None = None
+    _seasons: SurpriseTail | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -166,6 +176,8 @@ class LikelihoodTrainer(Trainer):
         self._spikes = SurpriseTail()
         self.usual = 0.0
         self._windows = 0
+        self._profile = Profile()
+        self._seasons = SurpriseTail()
 
     def _span(self) -> float:
         return self.high - self.low if self.high > self.low else 0.0
@@ -196,6 +208,11 @@ class LikelihoodTrainer(Trainer):
         self._recent.append(raw)
         self._window.append(value)
         self.low, self.high = min(self.low, value), max(self.high, value)
+        if self._profile is None or self._seasons is None:
+            self._profile, self._seasons = Profile(), SurpriseTail()
+        seasonal = self._profile.learn(self.n, value, self._span())
+        if seasonal is not None:
+            self._seasons.learn(seasonal)
 
     def state(self) -> dict[str, Any]:
         # Before any reading, no range: published as 0 to 0 (JSON has no infinity).
@@ -205,6 +222,8 @@ class LikelihoodTrainer(Trainer):
             "high": self.high if seen else 0.0,
             "usual": self.usual,
             "spike": self._spikes.published(),
+            **(self._profile or Profile()).state(),
+            "season_tail": (self._seasons or SurpriseTail()).published(),
         }
 
 
@@ -226,6 +245,24 @@ def _spike_tail(params: Params, history: Sequence[float], value: float) -> float
     return tail_probability(seen, spike_surprise(history, value, span, float(params["usual"])))
 
 
+def _season_tail(params: Params, season: Season, index: int, value: float) -> float:
+    """How often the trainer saw a seasonal surprise as large as ``value``'s (reading
+    ``index`` of its series), learnt in ``season``; 1 where the parameters have no cycle."""
+    profile = params.get("profile") or []
+    found = params.get("season") or (0.0, 0.0, 0.0)
+    span = max(float(params["high"]) - float(params["low"]), 0.0)
+    surprise = season.surprise(found, profile, unit_for(float(found[2]), span), index, value)
+    if not profile:
+        return 1.0
+    mean, spread, start, share, scale = params["season_tail"]
+    seen = {"surprise": [mean, spread], "tail": [start, share, scale]}
+    # Not calm from where the seasonal tail as learnt reaches the alert score (before
+    # RARER): a cycle that stopped keeps it there, on and off, for as long as it stays
+    # stopped.
+    alert = alert_surprise(seen)
+    return min(1.0, RARER * tail_probability(seen, season.hold(surprise, alert)))
+
+
 LIKELIHOOD = Model(
     name="likelihood",
     trainer=LikelihoodTrainer,
@@ -238,10 +275,14 @@ LIKELIHOOD = Model(
         "$.high": "double",
         "$.usual": "double",
         "$.spike": "array<double>",
+        "$.profile": "array<double>",
+        "$.season": "array<double>",
+        "$.season_tail": "array<double>",
     },
-    lengths={"$.spike": 5},
+    lengths={"$.spike": 5, "$.season": 3, "$.season_tail": 5},
     smooth=SMOOTH,
     guards=True,
     extra_tail=_spike_tail,
     expected=_expected,
+    seasonal=_season_tail,
 )

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kappaflow.iot.models.base import MAX_CLIPPED, STUCK_RUN, WARMUP, Model, Params
+from kappaflow.iot.models.season import Season
 
 #: The score at and above which a reading is anomalous, for the alert rules and for the
 #: evaluation's detections.
@@ -112,6 +113,8 @@ class Scorer:
         self._low = math.inf
         self._high = -math.inf
         self._longest = 0
+        # The seasonal term's memory (``Model.seasonal``).
+        self._season = Season()
         # The current reading's raw surprise (0 without parameters), for the guards; and
         # its explanation: the range the model expected it in, and its likelihood.
         self._surprise = 0.0
@@ -141,6 +144,8 @@ class Scorer:
                 "high": self._high if seen else None,
                 "longest": self._longest,
             }
+        if self.model.seasonal is not None:
+            memory["season"] = self._season.state()
         return memory
 
     @classmethod
@@ -159,6 +164,7 @@ class Scorer:
                 if guard["low"] is not None:
                     scorer._low, scorer._high = float(guard["low"]), float(guard["high"])
                 scorer._longest = int(guard["longest"])
+            scorer._season = Season.restore(state.get("season"))
         return scorer
 
     def score(self, value: float, params: Params | None) -> float:
@@ -203,6 +209,8 @@ class Scorer:
             tail = tail_probability(params, sum(self._raw) / len(self._raw))
             if self.model.extra_tail is not None:
                 tail = min(tail, self.model.extra_tail(params, self._history, value))
+            if self.model.seasonal is not None:
+                tail = min(tail, self.model.seasonal(params, self._season, self._seen, value))
             tail = max(tail, _MIN_TAIL)
             self._likelihood = 1.0 - tail
             if centre is not None:

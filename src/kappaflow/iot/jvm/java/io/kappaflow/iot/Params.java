@@ -26,6 +26,11 @@ public final class Params {
   final double high;
   final double usual;
   final double[] spike;
+  // The likelihood family's seasonal term (models/season.py): period, anchor and unit, the
+  // profile (empty: none) and the tail of its surprise; absent from older parameters.
+  final double[] season;
+  final double[] profile;
+  final double[] seasonTail;
 
   private Params(JsonNode p, String model) {
     this.model = model;
@@ -66,6 +71,19 @@ public final class Params {
         spike[i] = given.get(i).asDouble();
       }
     }
+    this.season = new double[3];
+    this.seasonTail = new double[5];
+    double[] cycle = new double[0];
+    if (likelihood && p.has("profile")) {
+      JsonNode given = numbers(p, "profile");
+      cycle = new double[given.size()];
+      for (int i = 0; i < cycle.length; i++) {
+        cycle[i] = given.get(i).asDouble();
+      }
+      fill(numbers(p, "season"), season, "season");
+      fill(numbers(p, "season_tail"), seasonTail, "season_tail");
+    }
+    this.profile = cycle;
     this.coef = new double[SeriesScorer.LAGS];
     if (forecast) {
       JsonNode given = numbers(p, "coef");
@@ -95,6 +113,16 @@ public final class Params {
       throw new IllegalArgumentException("params name no model family known here");
     }
     return new Params(p, model);
+  }
+
+  private static void fill(JsonNode given, double[] into, String field) {
+    if (given.size() != into.length) {
+      throw new IllegalArgumentException(
+          "params: $." + field + " does not hold " + into.length + " values");
+    }
+    for (int i = 0; i < into.length; i++) {
+      into[i] = given.get(i).asDouble();
+    }
   }
 
   private static long whole(JsonNode p, String field) {

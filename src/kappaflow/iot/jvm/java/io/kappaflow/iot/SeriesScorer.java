@@ -44,6 +44,13 @@ public final class SeriesScorer {
   static final double MUTED = 0.49;
   static final double RANGE_SURPRISE = 5.0;
   static final double RANGE_FAR = 0.25;
+  // The seasonal term's constants (models/season.py).
+  static final int SLACK = 3;
+  static final int CALM = 0;
+  static final double RARER = 10.0;
+  static final double LEVEL_RATE = 1.0 / 16.0;
+  static final double SMOOTH_RATE = 0.25;
+  static final double SEASON_FLOOR = 0.1;
 
   private final Family family;
   private final int smooth;
@@ -58,6 +65,7 @@ public final class SeriesScorer {
   private double high = Double.NEGATIVE_INFINITY;
   private int longest;
   private double surprise;
+  private final Season season = new Season();
   // The explanation of the reading scored last: the range the model expected it in and its
   // likelihood (null: none; Scorer.explain in Python).
   private Double expectedLow;
@@ -114,6 +122,13 @@ public final class SeriesScorer {
       }
       scorer.longest = guard.path("longest").asInt(0);
     }
+    JsonNode cycle = memory.path("season");
+    if (cycle.isArray() && cycle.size() == 4) {
+      scorer.season.buckets = cycle.get(0).asInt();
+      scorer.season.level = cycle.get(1).asDouble();
+      scorer.season.smooth = cycle.get(2).asDouble();
+      scorer.season.calm = cycle.get(3).asInt();
+    }
     return scorer;
   }
 
@@ -163,6 +178,18 @@ public final class SeriesScorer {
       }
       guard.put("longest", longest);
     }
+    if (family == Family.LIKELIHOOD) {
+      // The seasonal term's memory (null: none yet), as Scorer.state() keeps it.
+      if (season.level == null) {
+        memory.putNull("season");
+      } else {
+        ArrayNode cycle = memory.putArray("season");
+        cycle.add((double) season.buckets);
+        cycle.add(season.level.doubleValue());
+        cycle.add(season.smooth);
+        cycle.add((double) season.calm);
+      }
+    }
     return JSON.writeValueAsString(memory);
   }
 
@@ -211,6 +238,7 @@ public final class SeriesScorer {
       double tail = tailProbability(params, sum / raw.size());
       if (family == Family.LIKELIHOOD) {
         tail = Math.min(tail, Family.spikeTail(params, history, value));
+        tail = Math.min(tail, seasonTail(params, value));
       }
       tail = Math.max(tail, MIN_TAIL);
       likelihood = 1.0 - tail;
@@ -228,6 +256,22 @@ public final class SeriesScorer {
     } finally {
       push(history, remembered, family.history);
     }
+  }
+
+  /**
+   * How often the trainer saw a seasonal surprise as large as {@code value}'s, made RARER
+   * times more common; 1 where the parameters have no cycle (models/likelihood.py).
+   */
+  private double seasonTail(Params p, double value) {
+    double span = Math.max(p.high - p.low, 0.0);
+    double unit = Math.max(Math.max(p.season[2], SEASON_FLOOR * span), WINDOW_TINY);
+    double found = season.surprise(p.season[0], p.season[1], p.profile, unit, seen, value);
+    if (p.profile.length == 0) {
+      return 1.0;
+    }
+    double[] t = p.seasonTail;
+    double alert = alertSurprise(t[2], t[3], t[4]);
+    return Math.min(1.0, RARER * tailProbability(t[0], t[1], t[2], t[3], t[4], season.hold(found, alert)));
   }
 
   /** {@code score} with the guards applied, which learn {@code value}. */
@@ -281,11 +325,15 @@ public final class SeriesScorer {
    * tail's share is already that rare.
    */
   static double alertSurprise(Params params) {
+    return alertSurprise(params.tailStart, params.tailShare, params.tailScale);
+  }
+
+  static double alertSurprise(double start, double share, double scale) {
     double rare = Math.pow(10.0, -(ALERT_SCORE * LOG_CAP));
-    if (params.tailShare <= rare) {
-      return params.tailStart;
+    if (share <= rare) {
+      return start;
     }
-    return params.tailStart + Math.max(params.tailScale, TINY) * Math.log(params.tailShare / rare);
+    return start + Math.max(scale, TINY) * Math.log(share / rare);
   }
 
   static double tailProbability(
@@ -301,6 +349,80 @@ public final class SeriesScorer {
     values.addLast(value);
     while (values.size() > Math.max(most, 1)) {
       values.removeFirst();
+    }
+  }
+
+  /**
+   * The running level and averaged surprise of a series' readings against a seasonal
+   * profile, and the readings since that surprise last reached the alert: the twin of
+   * {@code kappaflow.iot.models.season.Season}.
+   */
+  static final class Season {
+    int buckets;
+    Double level;
+    double smooth;
+    int calm = CALM;
+
+    double surprise(
+        double period, double anchor, double[] profile, double unit, long index, double value) {
+      if (profile.length != buckets) {
+        buckets = profile.length;
+        level = null;
+        smooth = 0.0;
+        calm = CALM;
+      }
+      if (profile.length == 0) {
+        return 0.0;
+      }
+      if (level == null) {
+        level = value - profile[phase(period, anchor, profile.length, index)];
+        return 0.0;
+      }
+      double r = outside(profile, period, anchor, index, value, level);
+      level = level + LEVEL_RATE * r;
+      smooth += SMOOTH_RATE * (Math.abs(r) / Math.max(unit, WINDOW_TINY) - smooth);
+      return smooth;
+    }
+
+    double hold(double surprise, double alert) {
+      if (surprise < alert) {
+        calm += 1;
+        return surprise;
+      }
+      boolean armed = calm >= Math.max(buckets, CALM);
+      calm = 0;
+      return armed ? surprise : 0.0;
+    }
+
+    static int phase(double period, double anchor, int buckets, long index) {
+      double at = (index - anchor) % period;
+      if (at < 0) {
+        at += period;
+      }
+      return Math.min(buckets - 1, (int) (at / period * buckets));
+    }
+
+    static double outside(
+        double[] profile, double period, double anchor, long index, double value, double level) {
+      int buckets = profile.length;
+      int phase = phase(period, anchor, buckets, index);
+      double low = profile[phase];
+      double high = low;
+      int most = Math.min(SLACK, buckets / 2);
+      for (int step = 1; step <= most; step++) {
+        double up = profile[Math.floorMod(phase + step, buckets)];
+        double down = profile[Math.floorMod(phase - step, buckets)];
+        low = Math.min(low, Math.min(up, down));
+        high = Math.max(high, Math.max(up, down));
+      }
+      double x = value - level;
+      if (x > high) {
+        return x - high;
+      }
+      if (x < low) {
+        return x - low;
+      }
+      return 0.0;
     }
   }
 

@@ -516,6 +516,13 @@ class SavepointIncompatibleError(JobError, ValueError):
     code = "KF622"
 
 
+class StateResetError(JobError, ValueError):
+    """``jobs start --reset-state OUTPUT`` names an output the job does not have, or one
+    whose state cannot start afresh alone (a lake table's)."""
+
+    code = "KF915"
+
+
 class SavepointExistsError(JobError, FileExistsError):
     """The job already has a savepoint of that label."""
 

@@ -4,6 +4,7 @@ start from a savepoint says it does to each output's state (jobs/restore.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from kappaflow.streams.stateful_values import state_fields
 
 pytestmark = pytest.mark.unit
 
-WINDOW = {
+WINDOW: dict[str, Any] = {
     "source": "orders",
     "kind": "windowed aggregate",
     "window_ms": 60_000,
@@ -82,7 +83,7 @@ def test_a_reset_output_takes_its_changes_and_says_so() -> None:
         "seen": {"kind": "stateful function"},
         "new": {"kind": "records"},
     }
-    plan = {"outputs": [], "sources": []}
+    plan: dict[str, list[Any]] = {"outputs": [], "sources": []}
     changes = compare_plans(held, plan, states, plan)
     assert [(c.output, c.taken, c.state) for c in changes] == [
         ("new", True, None),

@@ -516,13 +516,6 @@ class SavepointIncompatibleError(JobError, ValueError):
     code = "KF622"
 
 
-class StateResetError(JobError, ValueError):
-    """``jobs start --reset-state OUTPUT`` names an output the job does not have, or one
-    whose state cannot start afresh alone (a lake table's)."""
-
-    code = "KF915"
-
-
 class SavepointExistsError(JobError, FileExistsError):
     """The job already has a savepoint of that label."""
 
@@ -1175,6 +1168,16 @@ class SecurityModeError(SecurityError):
     other way round: a running broker keeps its mode."""
 
     code = "KF908"
+
+
+# KF915-KF929: state that evolves through a savepoint (jobs/evolution.py).
+
+
+class StateResetError(KappaflowError, ValueError):
+    """``--reset-state OUTPUT`` names an output the job does not have, or one whose
+    state cannot start afresh alone (a lake table's)."""
+
+    code = "KF915"
 
 
 def http_status(exc: KappaflowError) -> int:

@@ -168,7 +168,7 @@ def check(
     for change in plan.get("savepoint", {}).get("changes", []):
         where = f"output {change['output']}: " if change["output"] else ""
         click.echo(f"    taken: {where}{change['change']} ({change['why']})")
-    for output, state in plan.get("savepoint", {}).get("state", {}).items():
+    for output, state in plan.get("savepoint", plan).get("state", {}).items():
         click.echo(f"    state of output {output}: {state}")
 
 

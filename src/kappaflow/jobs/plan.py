@@ -7,7 +7,14 @@ import json
 from typing import Any
 
 from kappaflow.errors import StateIncompatibleError
-from kappaflow.jobs.evolution import FORMAT_KEY, REFUSED, STATE_FORMAT, state_changes
+from kappaflow.jobs.evolution import (
+    FORMAT_KEY,
+    KEPT,
+    MIGRATED,
+    REFUSED,
+    STATE_FORMAT,
+    state_changes,
+)
 from kappaflow.streams.job import Job, Output
 from kappaflow.streams.output.lake_fs import HadoopFs
 
@@ -37,15 +44,23 @@ def signature(output: Output) -> dict[str, Any]:
     return found
 
 
-def verify_restart(job: Job, fs: HadoopFs, checkpoint_root: str) -> None:
+def verify_restart(job: Job, fs: HadoopFs, checkpoint_root: str) -> dict[str, str]:
     """Refuse a start whose outputs' state no longer fits their checkpoints (``fs`` is
-    rooted at ``checkpoint_root``)."""
+    rooted at ``checkpoint_root``); what the start does to each output's state: ``new``
+    (no checkpoint yet), ``kept``, or ``migrated: CHANGE; ...`` (jobs/evolution.py)."""
+    found = {}
     for output in job.outputs:
         held_path = f"{output.name}.plan.json"
+        found[output.name] = "new"
         if not fs.exists(output.name) or not fs.exists(held_path):
             continue
         held = json.loads(fs.read_text(held_path))
         changes = state_changes(held, signature(output), by_name=by_name(held))
+        found[output.name] = (
+            f"{MIGRATED}: " + "; ".join(f"{c.change} ({c.why})" for c in changes)
+            if changes
+            else KEPT
+        )
         refused = [c for c in changes if c.state == REFUSED]
         if refused:
             what = "; ".join(f"{c.change} ({c.why})" for c in refused)
@@ -54,6 +69,7 @@ def verify_restart(job: Job, fs: HadoopFs, checkpoint_root: str) -> None:
                 f"({what}): its checkpoint cannot take it. Start it under another name, or "
                 f"delete {checkpoint_root}/{output.name} to start it over"
             )
+    return found
 
 
 def by_name(held: dict[str, Any]) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import Result, error_line, settings_env
-from live_jobs import send_json, topic_values, wait_job
+from live_jobs import send_json, topic_values
 from pyspark.sql import SparkSession
 
 import kappaflow.cli
@@ -30,12 +30,15 @@ from kappaflow.jobs.contract import JobContext
 from kappaflow.jobs.from_build import start_app
 from kappaflow.jobs.manager import JobManager, JobRecord, JobState
 from kappaflow.jobs.pipeline import load_build
+from kappaflow.jobs.restarts import MAX_RESTARTS, failures, restartable
 from kappaflow.jobs.restore import restore
 from kappaflow.jobs.savepoints import checkpoint_path
 from kappaflow.kafka.topics import create_topic
 from kappaflow.settings import Settings
+from kappaflow.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(600)
+# Three runs of the job, two savepoints and five checks: over a minute.
+pytestmark = [pytest.mark.long, pytest.mark.timeout(900)]
 
 T0 = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)
 
@@ -128,28 +131,43 @@ def run(
     devices: dict[str, int],
 ) -> None:
     """Run ``version`` of the job, sending each of ``rounds`` once the one before is
-    counted (each a batch of its own), until the device counts reach ``devices``."""
-    queries = start_app(
-        load_build(f"evolve_jobs:{version}"), JobContext(job.name, job.params, spark, settings)
-    )
+    counted (each a batch of its own), until the device counts reach ``devices``. Queries
+    that fail for a reason a restart cures start again from their checkpoints, as a job's
+    driver starts them (jobs/restarts.py)."""
+    build = load_build(f"evolve_jobs:{version}")
+    context = JobContext(job.name, job.params, spark, settings)
+    queries = start_app(build, context)
+    restarts = 0
+
+    def until(probe: Callable[[], bool | None], what: str) -> None:
+        nonlocal queries, restarts
+
+        def reached() -> bool | None:
+            nonlocal queries, restarts
+            failed = failures(queries)
+            if failed and restartable(failed) and restarts < MAX_RESTARTS:
+                restarts += 1
+                for query in queries:
+                    query.stop()
+                queries = start_app(build, context)
+            elif failed:
+                raise AssertionError(f"{job.name} failed: {failed}")
+            return probe()
+
+        wait_for(reached, timeout=180, interval=0.5, what=what)
+
     try:
         for records in rounds:
             before = sum(stats(settings, job).values())
             send_json(settings, job.topic, records, key="device")
-            wait_job(
-                settings,
-                job.name,
-                taken(settings, job, before),
-                what=f"{job.name} to take {records[0]['reading_id']}",
-                timeout=120,
-            )
+            until(taken(settings, job, before), f"{job.name} to take {records[0]['reading_id']}")
 
         def counted() -> bool | None:
             last = last_values(topic_values(settings, f"{job.name}.seen"), ("device",))
             found = {k[0]: v["readings"] for k, v in last.items()}
             return True if all(found.get(d) == n for d, n in devices.items()) else None
 
-        wait_job(settings, job.name, counted, what="the device counts", timeout=120)
+        until(counted, "the device counts")
         # Each batch committed: a savepoint's state is as of its last committed batch, and
         # a batch planned but not committed runs again after a restart, with the new code.
         for query in queries:

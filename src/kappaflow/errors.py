@@ -1208,6 +1208,16 @@ class RescaleUnfinishedBatchError(RescaleError):
     code = "KF914"
 
 
+# KF915-KF929: state that evolves through a savepoint (jobs/evolution.py).
+
+
+class StateResetError(KappaflowError, ValueError):
+    """``--reset-state OUTPUT`` names an output the job does not have, or one whose
+    state cannot start afresh alone (a lake table's)."""
+
+    code = "KF915"
+
+
 def http_status(exc: KappaflowError) -> int:
     """The HTTP status the service answers ``exc`` with: its own, else by its kind."""
     status = getattr(exc, "status", None)

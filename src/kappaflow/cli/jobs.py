@@ -37,6 +37,10 @@ def _app_options(command: Callable[..., None]) -> Callable[..., None]:
     )(command)
 
 
+def _reset_state(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option("--reset-state", metavar="OUTPUT", multiple=True, help=help_text)
+
+
 def _from_savepoint(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     return click.option("--from-savepoint", metavar="LABEL", help=help_text)
 
@@ -70,6 +74,7 @@ def _importable_here() -> None:
     help="run the --app job in Spark's real-time mode: JVM operators only, outputs at least once",
 )
 @_from_savepoint("start from savepoint LABEL (a label or a savepoint's folder)")
+@_reset_state("with --from-savepoint: start OUTPUT's state afresh (repeatable)")
 @pass_context
 def start(
     ctx: Context,
@@ -80,6 +85,7 @@ def start(
     no_wait: bool,
     real_time: bool,
     from_savepoint: str | None,
+    reset_state: tuple[str, ...],
 ) -> None:
     """Start job NAME; a job started again resumes from its checkpoint, or from a
     savepoint: its checkpoint, with its sinks put back where the savepoint found them."""
@@ -90,13 +96,19 @@ def start(
         raise ConflictingOptionsError("--real-time needs --app: a job on the job API")
     if real_time and from_savepoint is not None:
         raise ConflictingOptionsError("--real-time does not start from a savepoint")
+    if reset_state and from_savepoint is None:
+        raise ConflictingOptionsError("--reset-state needs --from-savepoint")
     if from_savepoint is not None:
         if app is None:
             raise ConflictingOptionsError("--from-savepoint needs --app: a job on the job API")
         from kappaflow.jobs.restore import restore
 
-        restored = restore(ctx.settings, name, app, _parsed_params(params), from_savepoint)
+        restored = restore(
+            ctx.settings, name, app, _parsed_params(params), from_savepoint, reset=reset_state
+        )
         say(f"job {name} restored from savepoint {restored.label}")
+        for output in reset_state:
+            say(f"  output {output}: state reset: it starts afresh from its source's start")
     record = JobManager(ctx.settings).start(
         name,
         app or pipeline or "",
@@ -114,6 +126,7 @@ def start(
 @_app_options
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @_from_savepoint("compare with savepoint LABEL instead of the job's checkpoint")
+@_reset_state("with --from-savepoint: judge a start that resets OUTPUT's state (repeatable)")
 @pass_context
 def check(
     ctx: Context,
@@ -122,6 +135,7 @@ def check(
     params: tuple[str, ...],
     as_json: bool,
     from_savepoint: str | None,
+    reset_state: tuple[str, ...],
 ) -> None:
     """Dry run: declare the job (NAME, default: the function's module) and print its plan:
     sources, outputs, sinks and guarantees. Nothing starts; a restart the job's
@@ -129,12 +143,19 @@ def check(
     if app is None:
         raise ConflictingOptionsError("jobs check needs --app MODULE:FUNCTION")
     _importable_here()
+    if reset_state and from_savepoint is None:
+        raise ConflictingOptionsError("--reset-state needs --from-savepoint")
     if from_savepoint is not None:
         from kappaflow.jobs.restore import check as check_savepoint
 
         job_name = name or app.partition(":")[0].rsplit(".", 1)[-1]
         _savepoint, plan = check_savepoint(
-            ctx.settings, job_name, app, _parsed_params(params), from_savepoint
+            ctx.settings,
+            job_name,
+            app,
+            _parsed_params(params),
+            from_savepoint,
+            reset=reset_state,
         )
     else:
         from kappaflow.jobs.check import check_app
@@ -147,6 +168,8 @@ def check(
     for change in plan.get("savepoint", {}).get("changes", []):
         where = f"output {change['output']}: " if change["output"] else ""
         click.echo(f"    taken: {where}{change['change']} ({change['why']})")
+    for output, state in plan.get("savepoint", plan).get("state", {}).items():
+        click.echo(f"    state of output {output}: {state}")
 
 
 @jobs.command("savepoint")

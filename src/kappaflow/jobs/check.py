@@ -65,8 +65,9 @@ def check_app(
     root = f"{settings.checkpoint_location.rstrip('/')}/{job_name}"
     for path in lake_paths(job, settings.lake_root):
         HadoopFs(spark, path)
-    verify_restart(job, HadoopFs(spark, root), root)
+    states = verify_restart(job, HadoopFs(spark, root), root)
     plan = describe(job)
     mark_topics(settings, plan, root)
     plan["restart"] = "compatible"
+    plan["state"] = states  # per output: new, kept or migrated (jobs/evolution.py)
     return plan

@@ -23,6 +23,7 @@ from kappaflow.spark.kafka_io import read_batch, read_range, read_stream
 from kappaflow.spark.session import CHECKPOINT_INTERVAL, real_time_spark
 from kappaflow.streams.job import Job
 from kappaflow.streams.ops.shipping import ship_user_code
+from kappaflow.streams.ops.windowing import configured_engine
 from kappaflow.streams.output.backends import KafkaPublisher, RedisStore, commits_topic
 from kappaflow.streams.output.lake_fs import HadoopFs
 from kappaflow.streams.output.writer import StepHook
@@ -114,7 +115,7 @@ def start_app(
         settings.jobs_dir / ctx.name, job_resources(job, settings.lake_root, wants_redis)
     )
     _create_topics(settings, job)
-    record_plan(job, fs)
+    record_plan(job, fs, jvm_windows=configured_engine(ctx.spark) == "jvm")
     plan_file = PLAN if ctx.part is None else f"plan.{ctx.part}.json"
     write_atomically(
         settings.jobs_dir / ctx.name / plan_file,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,8 +20,10 @@ from kappaflow.errors import (
     SavepointIncompatibleError,
     TopicExistsError,
 )
+from kappaflow.jobs.evolution import KEPT, MIGRATED, REFUSED, RESET, state_changes
 from kappaflow.jobs.files import RESTORING, local_path, write_atomically
 from kappaflow.jobs.manager import JobManager
+from kappaflow.jobs.plan import by_name
 from kappaflow.jobs.savepoints import (
     OUTPUTS,
     STORE,
@@ -54,9 +56,16 @@ class Change:
     change: str
     taken: bool
     why: str
+    #: What it does to the output's state (jobs/evolution.py): migrated, reset or refused;
+    #: None for a change that leaves the state as it is.
+    state: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"output": self.output, "change": self.change, "taken": self.taken, "why": self.why}
+        found = {"output": self.output, "change": self.change, "taken": self.taken}
+        found["why"] = self.why
+        if self.state is not None:
+            found["state"] = self.state
+        return found
 
     def __str__(self) -> str:
         where = f"output {self.output!r}: " if self.output else ""
@@ -68,6 +77,11 @@ _STATE_WHY = {
     "kind": "the checkpoint holds the state of another kind of output",
     "joins": "a join keeps its state by its keys and range",
 }
+RESET_WHY = (
+    "--reset-state: its state starts afresh, from its source's start as an added output's "
+    "does; it loses the windows (or keys) its state held and its sinks' progress (commit "
+    "marker, serving-store keys) and publishes its results again"
+)
 _SOURCE_WHY = {
     "watermark_ms": "the watermark goes on from the savepoint's; the new delay moves it from "
     "the next batch",
@@ -82,11 +96,13 @@ def compare_plans(
     held_plan: Mapping[str, Any],
     states: Mapping[str, Any],
     plan: Mapping[str, Any],
+    reset: Collection[str] = (),
 ) -> list[Change]:
     """What changed from a savepoint (each output's state definition, jobs/check.py,
     and its plan, runtime.describe) to the new code, and whether Spark and the sinks take
     each change. Filters and projections before an output's state are in neither: Spark
-    takes them, and so do the sinks (a lake table's columns aside: :func:`lake_columns`)."""
+    takes them, and so do the sinks (a lake table's columns aside: :func:`lake_columns`).
+    An output in ``reset`` starts its state afresh: its state's changes are taken."""
     changes: list[Change] = []
     for name in sorted(held_states.keys() - states.keys()):
         changes.append(Change(name, "output removed", True, "its state stays unused"))
@@ -96,10 +112,15 @@ def compare_plans(
         )
     for name in sorted(held_states.keys() & states.keys()):
         held, now = held_states[name], states[name]
-        for key in sorted(k for k in held.keys() | now.keys() if held.get(k) != now.get(k)):
-            why = _STATE_WHY.get(key, "it changes what the output's state holds")
-            change = f"{key}: {held.get(key)!r} -> {now.get(key)!r}"
-            changes.append(Change(name, change, False, why))
+        for found in state_changes(held, now, by_name=by_name(held)):
+            key = found.change.partition(":")[0]
+            why = _STATE_WHY.get(key, found.why)
+            if name in reset:
+                changes.append(Change(name, found.change, True, RESET_WHY, RESET))
+            else:
+                changes.append(Change(name, found.change, found.state != REFUSED, why, found.state))
+        if name in reset:
+            changes.append(Change(name, "state reset", True, RESET_WHY, RESET))
     held_outputs = {o["name"]: o for o in held_plan.get("outputs", [])}
     for output in plan.get("outputs", []):
         if output["name"] in held_outputs and output["name"] in held_states:
@@ -203,10 +224,13 @@ def check(
     label: str,
     *,
     spark: SparkSession | None = None,
+    reset: Collection[str] = (),
 ) -> tuple[Savepoint, dict[str, Any]]:
     """Declare the job with its new code and compare it with savepoint ``label``: the
-    savepoint and the new plan, with the changes it takes; a change it does not take is
-    refused (KF622). Nothing is changed."""
+    savepoint and the new plan, with the changes it takes and what each output's state
+    does (kept, migrated, reset); a change it does not take is refused (KF622), and so is
+    a ``reset`` of an output the job does not have or one with a lake table (KF915).
+    Nothing is changed."""
     from kappaflow.jobs.check import declare_app, mark_topics
     from kappaflow.jobs.plan import signature
     from kappaflow.spark.session import build_session
@@ -218,7 +242,8 @@ def check(
     job = declare_app(settings, reference, name, params, session)
     plan = describe(job, settings.lake_root)
     states = {output.name: signature(output) for output in job.outputs}
-    changes = compare_plans(savepoint.states, savepoint.plan, states, plan)
+    _resettable(job, plan, reset)
+    changes = compare_plans(savepoint.states, savepoint.plan, states, plan, reset)
     changes += lake_columns(savepoint, plan, job)
     refused = [c for c in changes if not c.taken]
     if refused:
@@ -229,8 +254,49 @@ def check(
         )
     mark_topics(settings, plan, f"{settings.checkpoint_location.rstrip('/')}/{name}")
     plan["restart"] = f"from savepoint {savepoint.label}: compatible"
-    plan["savepoint"] = {**savepoint.summary(), "changes": [c.to_json() for c in changes]}
+    plan["savepoint"] = {
+        **savepoint.summary(),
+        "changes": [c.to_json() for c in changes],
+        "state": output_states(savepoint.states, states, changes),
+    }
     return savepoint, plan
+
+
+def output_states(
+    held: Mapping[str, Any], states: Mapping[str, Any], changes: Sequence[Change]
+) -> dict[str, str]:
+    """Per output of the new code, what a start from the savepoint does to its state:
+    kept, migrated, reset, or new (an output added)."""
+    found = {}
+    for name in sorted(states):
+        mine = {c.state for c in changes if c.output == name and c.state is not None}
+        found[name] = (
+            "new"
+            if name not in held
+            else RESET
+            if RESET in mine
+            else MIGRATED
+            if MIGRATED in mine
+            else KEPT
+        )
+    return found
+
+
+def _resettable(job: Job, plan: Mapping[str, Any], reset: Collection[str]) -> None:
+    from kappaflow.errors import StateResetError
+
+    outputs = {o["name"]: o for o in plan["outputs"]}
+    for name in sorted(reset):
+        if name not in outputs:
+            raise StateResetError(
+                f"--reset-state {name}: job {job.name!r} has no output {name!r} "
+                f"(its outputs: {', '.join(sorted(outputs))})"
+            )
+        if any("parquet" in sink for sink in outputs[name]["sinks"]):
+            raise StateResetError(
+                f"--reset-state {name}: output {name!r} writes a lake table, which holds its "
+                "batches from the first by their ids; start the job under another name instead"
+            )
 
 
 # Starting from one.
@@ -244,11 +310,13 @@ def restore(
     label: str,
     *,
     spark: SparkSession | None = None,
+    reset: Collection[str] = (),
 ) -> Savepoint:
     """Put job ``name`` back where savepoint ``label`` found it, for a start with the app
     ``reference``: its sinks' progress, then its checkpoint. Refused, with nothing
     changed, for a job that runs, a savepoint that is missing, damaged or another job's,
-    and a change the savepoint cannot take."""
+    and a change the savepoint cannot take. The outputs in ``reset`` start afresh: their
+    checkpoints, commit markers and serving-store keys go."""
     from pyspark.sql import SparkSession
 
     from kappaflow.jobs.files import read_resources
@@ -265,7 +333,9 @@ def restore(
     given = spark or SparkSession.getActiveSession()
     session = given or build_session(settings, app_name=f"kappaflow:restore:{name}")
     try:
-        savepoint, _plan = check(settings, name, reference, params, label, spark=session)
+        savepoint, _plan = check(
+            settings, name, reference, params, label, spark=session, reset=reset
+        )
     finally:
         if given is None:
             session.stop()  # the job's driver is about to start a JVM of its own
@@ -283,7 +353,8 @@ def restore(
         home / RESTORING,
         json.dumps({"savepoint": savepoint.label, "path": str(savepoint.path)}) + "\n",
     )
-    restore_markers(settings, name, savepoint.manifest["sinks"]["commit_markers"])
+    markers = savepoint.manifest["sinks"]["commit_markers"]
+    restore_markers(settings, name, {k: v for k, v in markers.items() if k not in reset})
     if client is not None:
         from kappaflow.serving.client import drop_job_keys
 
@@ -291,9 +362,16 @@ def restore(
         for entry in stored:
             key, dumped = base64.b64decode(entry["key"]), base64.b64decode(entry["dump"])
             client.restore(key, int(entry["ttl_ms"]), dumped, replace=True)
+        for output in sorted(reset):
+            drop_job_keys(client, f"{name}:{output}")  # kf:NAME:OUTPUT:*
     for location, path in sorted(paths.items()):
         _drop_lake_batches(path, after=lakes[location])
     restore_checkpoint(settings, name, savepoint)
+    root = checkpoint_path(settings, name)
+    for output in sorted(reset):
+        shutil.rmtree(root / output, ignore_errors=True)
+        for plan_file in (root / f"{output}.plan.json", root / f".{output}.plan.json.crc"):
+            plan_file.unlink(missing_ok=True)
     shutil.rmtree(home / OUTPUTS, ignore_errors=True)
     if (savepoint.path / OUTPUTS).is_dir():
         shutil.copytree(savepoint.path / OUTPUTS, home / OUTPUTS)

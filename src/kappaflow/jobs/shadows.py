@@ -91,16 +91,23 @@ def start(
         label = "shadow-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         savepoint = take(settings, name, label)
         try:
-            check(settings, name, reference, params, label)
+            _, plan = check(settings, name, reference, params, label)
+            migrated = _migrated(plan)
         except SavepointIncompatibleError as exc:
             started = {"replay": True, "savepoint": label, "why": str(exc)}
         else:
-            _copy_checkpoint(settings, savepoint.checkpoint, savepoint.manifest, shadow)
-            started = {
-                "replay": False,
-                "savepoint": label,
-                "batches": {o: b["batch_id"] for o, b in savepoint.manifest["outputs"].items()},
-            }
+            if migrated:
+                # A migrated state holds some values from the savepoint on only (an
+                # aggregate added): the shadow replays, so that its windows are whole.
+                why = f"{migrated}: a shadow replays the log, so that its aggregates are whole"
+                started = {"replay": True, "savepoint": label, "why": why}
+            else:
+                _copy_checkpoint(settings, savepoint.checkpoint, savepoint.manifest, shadow)
+                started = {
+                    "replay": False,
+                    "savepoint": label,
+                    "batches": {o: b["batch_id"] for o, b in savepoint.manifest["outputs"].items()},
+                }
     info = {
         "job": shadow,
         "live": name,
@@ -123,6 +130,18 @@ def start(
             (home / SHADOW).unlink(missing_ok=True)
         raise
     return info
+
+
+def _migrated(plan: Mapping[str, Any]) -> str:
+    """The aggregates a start from the savepoint would add to outputs' state: their
+    values would start at the savepoint (jobs/evolution.py)."""
+    return "; ".join(
+        f"output {c['output']!r}: {c['change']}"
+        for c in plan["savepoint"]["changes"]
+        if c.get("state") == "migrated"
+        and c["change"].startswith("aggregate ")
+        and " added" in c["change"]
+    )
 
 
 def _copy_checkpoint(

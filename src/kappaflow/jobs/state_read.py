@@ -33,7 +33,13 @@ from kappaflow.settings import Settings
 from kappaflow.streams.aggregates import aggregate
 from kappaflow.streams.jvm import jvm_engine
 from kappaflow.streams.ops.arrow_ipc import table_from_ipc
-from kappaflow.streams.ops.jvm_state import SESSIONS, WINDOW_FINAL, WINDOW_KEYS, read_sessions
+from kappaflow.streams.ops.jvm_state import (
+    SESSIONS,
+    WINDOW_FINAL,
+    WINDOW_KEYS,
+    accumulators_version,
+    read_sessions,
+)
 from kappaflow.streams.ops.windowing import values_json
 from kappaflow.streams.output.lake_fs import HadoopFs
 from kappaflow.streams.window_engine import checkpoint_engine, recorded_aggregates
@@ -220,7 +226,7 @@ def _java_windows(
             start,
             start + size_ms,
             str(decode.valuesJson(held)),
-            int.from_bytes(held[:8], "big", signed=True),
+            accumulators_version(held),
             finals.get((start, shard), False),
         )
 

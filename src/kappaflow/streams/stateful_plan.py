@@ -38,7 +38,7 @@ from kappaflow.streams.ops.stateful_run import (
 )
 from kappaflow.streams.ops.windowing import event_time_watermark
 from kappaflow.streams.stateful import StatefulFunction
-from kappaflow.streams.stateful_values import field_names, is_record_type
+from kappaflow.streams.stateful_values import field_names, is_record_type, state_fields
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,8 @@ def process_stream(
             "function": function.name,
             "by": list(keys),
             "operator": "transformWithState",
+            # Its fields may come and go, or widen (jobs/evolution.py).
+            "state": state_fields(function.state),
         },
     )
 

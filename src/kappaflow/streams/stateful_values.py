@@ -158,3 +158,18 @@ def _record(tp: type, value: Any, where: str, known: Hints | None) -> Any:
             # Spark's to_json leaves out null fields: a missing field is a null one.
             kwargs[f.name] = None
     return tp(**kwargs)
+
+
+def type_text(tp: Any) -> str:
+    """A type as text, for comparing a state dataclass's fields across versions of a job:
+    ``int``, ``float | None``, ``list[float]``."""
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("NoneType", "None")
+
+
+def state_fields(state: type) -> dict[str, str]:
+    """A state dataclass's fields and their types as text (jobs/evolution.py compares
+    them on a restart)."""
+    hints = typing.get_type_hints(state)
+    return {f.name: type_text(hints.get(f.name, Any)) for f in dataclasses.fields(state)}

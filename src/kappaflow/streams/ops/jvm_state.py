@@ -6,9 +6,13 @@ io.kappaflow.engine.Sessions keeps, per shard, one value state ``sessions`` of b
 write with Java's DataOutputStream (big-endian), and the Java sources define the layouts
 (Aggregates.Accumulators.bytes, Sessions.Processor.save), which this module follows:
 
-- a key's accumulators: its version (long), then per declared aggregate, in declaration
-  order, a count (long), a long, a double, whether it holds a value (boolean), and a
-  sketch's length (int) and bytes (HLL or KLL; none for other aggregates);
+- a key's accumulators: the marker ``FORMAT`` (long), its version (long), how many
+  aggregates it holds (int), then per aggregate its name and kind (``writeUTF``), whether
+  integral (boolean), the watermark it started at (long; -1: the window's start), a
+  count (long), a long, a double, whether it holds a value (boolean), and a sketch's
+  length (int) and bytes (HLL or KLL; none for other aggregates). Accumulators written
+  before the marker have no marker, names, kinds, flags nor starts: the version, then
+  per declared aggregate, in declaration order, the fields from the count on;
 - a shard's sessions: their number (int), then per session its key (``writeUTF``: a
   two-byte length and modified UTF-8), start, end and version (longs), whether final
   (boolean), and its accumulators' length (int) and bytes; then the ids counted (int),
@@ -28,6 +32,11 @@ WINDOW_FINAL = "final"
 SESSIONS = "sessions"
 
 
+#: The first long of a key's accumulators that name their aggregates
+#: (Aggregates.FORMAT); older ones start with their version, never negative.
+FORMAT = -0x4B46_0002
+
+
 class Accumulator(NamedTuple):
     """One aggregate's accumulator (Aggregates.Accumulators, at one index): what each
     field holds depends on the aggregate (count: ``counted``; an integral sum, min or
@@ -39,10 +48,15 @@ class Accumulator(NamedTuple):
     double: float
     present: bool
     sketch: bytes
+    #: Its aggregate's name (None in accumulators written before they had names).
+    name: str | None = None
+    #: The watermark it started counting at, -1 for the window's start.
+    since: int = -1
 
 
 class Accumulators(NamedTuple):
-    """A key's accumulators, in declaration order, and the version of its values."""
+    """A key's accumulators, in the order of the aggregates they were written for, and
+    the version of its values."""
 
     version: int
     values: tuple[Accumulator, ...]
@@ -110,19 +124,31 @@ def modified_utf8(data: bytes) -> str:
 
 def _accumulators(reader: _Reader, aggregates: int) -> Accumulators:
     begins = reader.at
-    version = reader.long()
+    first = reader.long()
+    named = first == FORMAT
+    version = reader.long() if named else first
     values = []
-    for _ in range(aggregates):
+    for _ in range(reader.int() if named else aggregates):
+        name, since = None, -1
+        if named:
+            name, _kind, _integral, since = reader.utf(), reader.utf(), reader.bool(), reader.long()
         counted, long, double = reader.long(), reader.long(), reader.double()
         present = reader.bool()
         sketch = reader.take(reader.int())
-        values.append(Accumulator(counted, long, double, present, sketch))
+        values.append(Accumulator(counted, long, double, present, sketch, name, since))
     return Accumulators(version, tuple(values), reader.data[begins : reader.at])
+
+
+def accumulators_version(data: bytes) -> int:
+    """The version of a key's values in its accumulators' bytes."""
+    reader = _Reader(bytes(data))
+    first = reader.long()
+    return reader.long() if first == FORMAT else first
 
 
 def read_accumulators(data: bytes, aggregates: int) -> Accumulators:
     """A key's accumulators: a value of Windows' ``keys`` map state (``aggregates``: how
-    many the operator was declared with)."""
+    many the operator was declared with, for accumulators that do not say)."""
     reader = _Reader(bytes(data))
     found = _accumulators(reader, aggregates)
     reader.done()

@@ -28,6 +28,15 @@ import org.apache.spark.sql.Row;
  * the JSON object Python's {@code json.dumps(..., separators=(",", ":"))} writes for them (the
  * text {@code values_json} in streams/ops/windowing.py defines), so that a value compares equal
  * as text across batches and reads the same to every consumer.
+ *
+ * <p>The bytes describe themselves ({@link #FORMAT}): each aggregate is kept under its name,
+ * kind and number type, so that state written for one list of aggregates reads under another
+ * (a job restarted from a savepoint with an aggregate added or removed: jobs/evolution.py). An
+ * aggregate the bytes do not hold starts empty when they are read, and remembers the watermark
+ * it started at: its values then cover the events after that only, and the values' JSON says so
+ * under {@code _partial_since}. An aggregate the bytes hold that is no longer declared is
+ * dropped; an integral sum, min or max read as a real one is widened. Bytes written before the
+ * format (no marker) are read by position, as they were written.
  */
 public final class Aggregates implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -35,6 +44,13 @@ public final class Aggregates implements Serializable {
   static final int HLL_LG_K = 12;
   /** KLL's accuracy (streams/aggregates.py KLL_K). */
   static final int KLL_K = 200;
+  /**
+   * The first long of self-describing bytes. Older bytes start with the version, which is never
+   * negative.
+   */
+  static final long FORMAT = -0x4B46_0002L;
+  /** An aggregate's {@code since} when it has counted every event of its window. */
+  static final long WHOLE = -1L;
 
   /** One declared aggregate. */
   static final class Spec implements Serializable {
@@ -99,7 +115,24 @@ public final class Aggregates implements Serializable {
 
   /** Accumulators read back from {@link Accumulators#bytes}. */
   Accumulators read(byte[] bytes) {
-    return new Accumulators(this, bytes);
+    return new Accumulators(this, bytes, 0L);
+  }
+
+  /**
+   * Accumulators read back from {@link Accumulators#bytes}; an aggregate they do not hold starts
+   * at {@code watermark}.
+   */
+  Accumulators read(byte[] bytes, long watermark) {
+    return new Accumulators(this, bytes, watermark);
+  }
+
+  private int indexOf(String name) {
+    for (int i = 0; i < specs.length; i++) {
+      if (specs[i].name.equals(name)) {
+        return i;
+      }
+    }
+    return -1;
   }
 
   /**
@@ -120,6 +153,8 @@ public final class Aggregates implements Serializable {
     private final boolean[] present;
     private final HllSketch[] hlls;
     private final KllDoublesSketch[] klls;
+    /** Per aggregate, the watermark it started counting at, or {@link #WHOLE}. */
+    private final long[] since;
 
     Accumulators(Aggregates of) {
       this.of = of;
@@ -130,26 +165,47 @@ public final class Aggregates implements Serializable {
       present = new boolean[n];
       hlls = new HllSketch[n];
       klls = new KllDoublesSketch[n];
+      since = new long[n];
+      java.util.Arrays.fill(since, WHOLE);
     }
 
-    Accumulators(Aggregates of, byte[] bytes) {
+    Accumulators(Aggregates of, byte[] bytes, long watermark) {
       this(of);
       try (DataInputStream in = new DataInputStream(new ByteArrayInputStream(bytes))) {
+        long first = in.readLong();
+        if (first != FORMAT) {
+          // Bytes from before the format: by position, under the aggregates of their time.
+          version = first;
+          for (int i = 0; i < of.specs.length; i++) {
+            readFields(in, i, of.specs[i].kind, of.specs[i].integral);
+          }
+          return;
+        }
         version = in.readLong();
-        for (int i = 0; i < of.specs.length; i++) {
-          counts[i] = in.readLong();
-          longs[i] = in.readLong();
-          doubles[i] = in.readDouble();
-          present[i] = in.readBoolean();
-          int size = in.readInt();
-          if (size > 0) {
-            byte[] sketch = new byte[size];
-            in.readFully(sketch);
-            if ("approx_distinct".equals(of.specs[i].kind)) {
-              hlls[i] = HllSketch.heapify(sketch);
-            } else {
-              klls[i] = KllDoublesSketch.heapify(Memory.wrap(sketch));
-            }
+        int held = in.readInt();
+        boolean[] found = new boolean[of.specs.length];
+        for (int h = 0; h < held; h++) {
+          String name = in.readUTF();
+          String kind = in.readUTF();
+          boolean integral = in.readBoolean();
+          long started = in.readLong();
+          int i = of.indexOf(name);
+          if (i < 0 || !of.specs[i].kind.equals(kind)) {
+            readFields(in, -1, kind, integral); // removed (or changed): dropped
+            continue;
+          }
+          readFields(in, i, kind, integral);
+          since[i] = started;
+          found[i] = true;
+          if (integral && !of.specs[i].integral) {
+            doubles[i] = (double) longs[i]; // widened: an integer column now a real one
+          } else if (!integral && of.specs[i].integral && !"mean".equals(kind)) {
+            longs[i] = Math.round(doubles[i]);
+          }
+        }
+        for (int i = 0; i < found.length; i++) {
+          if (!found[i]) {
+            since[i] = watermark; // added: it counts the events from now on
           }
         }
       } catch (IOException e) {
@@ -157,11 +213,44 @@ public final class Aggregates implements Serializable {
       }
     }
 
+    /** One aggregate's fields into slot {@code i} (-1: read and dropped). */
+    private void readFields(DataInputStream in, int i, String kind, boolean integral)
+        throws IOException {
+      long count = in.readLong();
+      long integer = in.readLong();
+      double real = in.readDouble();
+      boolean seen = in.readBoolean();
+      int size = in.readInt();
+      byte[] sketch = new byte[Math.max(size, 0)];
+      in.readFully(sketch);
+      if (i < 0) {
+        return;
+      }
+      counts[i] = count;
+      longs[i] = integer;
+      doubles[i] = real;
+      present[i] = seen;
+      if (size > 0) {
+        if ("approx_distinct".equals(kind)) {
+          hlls[i] = HllSketch.heapify(sketch);
+        } else {
+          klls[i] = KllDoublesSketch.heapify(Memory.wrap(sketch));
+        }
+      }
+    }
+
     byte[] bytes() {
       ByteArrayOutputStream buffer = new ByteArrayOutputStream(64);
       try (DataOutputStream out = new DataOutputStream(buffer)) {
+        out.writeLong(FORMAT);
         out.writeLong(version);
+        out.writeInt(of.specs.length);
         for (int i = 0; i < of.specs.length; i++) {
+          Spec spec = of.specs[i];
+          out.writeUTF(spec.name);
+          out.writeUTF(spec.kind);
+          out.writeBoolean(spec.integral);
+          out.writeLong(since[i]);
           out.writeLong(counts[i]);
           out.writeLong(longs[i]);
           out.writeDouble(doubles[i]);
@@ -266,6 +355,8 @@ public final class Aggregates implements Serializable {
       Spec[] specs = of.specs;
       for (int i = 0; i < specs.length; i++) {
         Spec spec = specs[i];
+        // Values that started late stay so, merged with any others.
+        since[i] = Math.max(since[i], other.since[i]);
         switch (spec.kind) {
           case "count":
             counts[i] += other.counts[i];
@@ -333,6 +424,17 @@ public final class Aggregates implements Serializable {
         }
         out.append(of.heads[i]);
         value(out, i, specs[i]);
+      }
+      boolean partial = false;
+      for (int i = 0; i < specs.length; i++) {
+        if (since[i] != WHOLE) {
+          out.append(partial ? "," : ",\"_partial_since\":{");
+          out.append(of.heads[i]).append('"').append(Windows.iso(since[i])).append('"');
+          partial = true;
+        }
+      }
+      if (partial) {
+        out.append('}');
       }
       return out.append('}').toString();
     }

@@ -159,7 +159,7 @@ public final class Sessions {
       }
       List<Session> sessions = new ArrayList<>();
       List<long[]> ids = new ArrayList<>();
-      read(sessions, ids);
+      read(sessions, ids, watermark);
       List<Row> expired = new ArrayList<>();
       sessions = expire(sessions, watermark, expired);
       List<Row> events = new ArrayList<>();
@@ -346,7 +346,7 @@ public final class Sessions {
       }
       List<Session> sessions = new ArrayList<>();
       List<long[]> ids = new ArrayList<>();
-      read(sessions, ids);
+      read(sessions, ids, watermark);
       sessions = expire(sessions, watermark, out);
       save(sessions, ids, watermark);
       return Windows.iterator(out);
@@ -428,7 +428,7 @@ public final class Sessions {
       }
     }
 
-    private void read(List<Session> sessions, List<long[]> ids) {
+    private void read(List<Session> sessions, List<long[]> ids, long watermark) {
       if (!state.exists()) {
         return;
       }
@@ -442,7 +442,7 @@ public final class Sessions {
           boolean fin = data.readBoolean();
           byte[] acc = new byte[data.readInt()];
           data.readFully(acc);
-          sessions.add(new Session(key, start, end, version, fin, aggregates.read(acc)));
+          sessions.add(new Session(key, start, end, version, fin, aggregates.read(acc, watermark)));
         }
         int m = data.readInt();
         for (int i = 0; i < m; i++) {

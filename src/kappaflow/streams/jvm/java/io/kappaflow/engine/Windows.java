@@ -324,7 +324,7 @@ public final class Windows {
           now = aggregates.empty();
           keysNow++;
         } else {
-          now = aggregates.read(before);
+          now = aggregates.read(before, watermark);
           previous = now.json();
         }
         now.merge(entry.getValue());
@@ -354,7 +354,7 @@ public final class Windows {
         entries.add(all.next());
       }
       for (Tuple2<String, byte[]> entry : entries) {
-        Aggregates.Accumulators now = aggregates.read(entry._2());
+        Aggregates.Accumulators now = aggregates.read(entry._2(), watermark);
         now.version += 1;
         String values = now.json();
         out.add(row("final", entry._1(), start, end, values, values, now.version, watermark));

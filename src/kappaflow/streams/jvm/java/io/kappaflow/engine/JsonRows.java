@@ -179,7 +179,7 @@ public final class JsonRows {
       index.put(nodes[i].name, i);
     }
     UDF1<byte[], Row> parse = bytes -> row(bytes, nodes, index);
-    return functions.udf(parse, struct(nodes, true)).apply(value);
+    return functions.udf(parse, struct(nodes, true)).withName("kf_json_rows").apply(value);
   }
 
   static Row row(byte[] bytes, Node[] nodes, Map<String, Integer> index) {

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from pyspark.sql import Row, SparkSession
@@ -282,9 +281,10 @@ def test_nested_objects_and_lists(both: tuple[list[Row], list[Row]]) -> None:
         {"sku": "a", "qty": 1, "tags": ["x", None]},
         {"sku": "b", "qty": 2, "tags": None},
     ]
-    assert _row(both, _with(user='{"lat": 1, "city": "c", "zip": 2139}').encode())["user"][
-        "zip"
-    ] == "2139"
+    assert (
+        _row(both, _with(user='{"lat": 1, "city": "c", "zip": 2139}').encode())["user"]["zip"]
+        == "2139"
+    )
     assert _reason(both, lines='[{"sku": "a", "qty": 1}, null]') == "field 'lines[1]' is null"
     assert _reason(both, lines='[{"sku": "a", "qty": 1}, {"sku": 3, "qty": 1}]') == (
         "field 'lines[1].sku' is not a string"

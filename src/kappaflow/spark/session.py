@@ -108,6 +108,14 @@ def session_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # than the default 100 entries hold, and every miss compiles (and the JVM then
         # JIT-compiles) the class again each micro-batch.
         "spark.sql.codegen.cache.maxEntries": "2000",
+        # The output writer caches each batch's rows (writer.py), and Spark serializes a
+        # cached partition's column batches (10,000 rows each) with Java serialization,
+        # whose stream keeps every object it wrote until it is reset: by default every
+        # 100 objects, so a task held up to 1,000,000 rows' bytes whatever the memory
+        # manager allowed, and a 2,000,000-record batch ran a 512 MiB local driver out of
+        # heap. Reset after each: a batch's class descriptor is written again, a few
+        # bytes for megabytes of columns.
+        "spark.serializer.objectStreamReset": "1",
         "spark.local.dir": str((settings.state_dir / "spark-tmp").resolve()),
         # Python workers run this interpreter (with kappaflow's dependencies), not whatever
         # `python3` is first on PATH. On a cluster, point it at the executors' Python

@@ -1,5 +1,5 @@
 #!/bin/bash
-# count before (36a2eea) then after (this branch), back to back
+# count before (36a2eea) then after (the change), back to back
 . /tmp/kf-perf/env.sh
 cd /tmp/kf-perf/pb
 K=/work/wt-perf/.venv/bin

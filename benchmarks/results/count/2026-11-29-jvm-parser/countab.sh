@@ -1,5 +1,5 @@
 #!/bin/bash
-# count before (f7a7936, the branch's base) then after (this branch), back to back
+# count before (f7a7936, the base) then after (the change), back to back
 . /tmp/kf-parse/env.sh; export KAPPAFLOW_MQTT__PORT=52883
 K=/work/wt-parse/.venv/bin
 out=/tmp/kf-parse/res/count-ab

@@ -1,5 +1,5 @@
 #!/bin/bash
-# YSB at 10k on the job API: after (this branch) then before (36a2eea), back to back
+# YSB at 10k on the job API: after (the change) then before (36a2eea), back to back
 . /tmp/kf-perf/env.sh
 cd /tmp/kf-perf/pb
 K=/work/wt-perf/.venv/bin

@@ -69,12 +69,7 @@ def wait_job(
 
 
 def stop_if_running(settings: Settings, job: str) -> None:
-    """Stop ``job`` if it still runs: a test that failed half-way leaves no driver behind.
-
-    Killed at once, its process group with it (the driver, its JVM; its parts, which stop
-    when their main driver is gone): a test's tear-down reads nothing a graceful stop
-    writes, and waiting for the queries to finish their batch and Spark to stop took
-    seconds per test."""
+    """Stop ``job`` if it still runs: a test that failed half-way leaves no driver behind."""
     jobs = JobManager(settings)
     if jobs.get_state(job) == "running":
-        jobs.stop(job, timeout=0)
+        jobs.stop(job)

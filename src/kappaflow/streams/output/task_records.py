@@ -185,12 +185,21 @@ def changelog_key_value(
 def stream_records(frame: DataFrame, topics: Sequence[str], keys: Sequence[str]) -> DataFrame:
     """A plain stream's records on each of ``topics``: the row's JSON, keyed by the JSON
     array of its ``keys`` (no key without), in the batch's order."""
+    return _plain_records(frame, [F.lit(t) for t in topics], keys, F.col("row").cast("binary"))
+
+
+def _plain_records(
+    frame: DataFrame, topics: Sequence[Column], keys: Sequence[str], value: Column
+) -> DataFrame:
+    """A plain stream's records with ``value`` on each of ``topics``, keyed by the JSON
+    array of the row's ``keys`` (no key without), in the batch's order."""
     rows = frame.where(F.col("kind") == RECORD)
     key = _java(frame, "pick", _jc(F.col("row")), json.dumps(list(keys))) if keys else None
+    topic = topics[0] if len(topics) == 1 else F.explode(F.array(*topics))
     return rows.select(
-        F.explode(F.array(*[F.lit(t) for t in topics])).alias("topic"),
+        topic.alias("topic"),
         (key.cast("binary") if key is not None else F.lit(None).cast("binary")).alias("key"),
-        F.col("row").cast("binary").alias("value"),
+        value.alias("value"),
         F.lit(None).cast("string").alias("_o1"),
         F.monotonically_increasing_id().alias("_o2"),
         F.lit(0).cast("bigint").alias("_o3"),
@@ -209,16 +218,7 @@ def avro_records(
     (a zero byte, the 4-byte schema id, the body), keyed as ``stream_records`` keys them."""
     header = F.unhex(F.lit(f"00{schema_id:08x}"))
     value = F.concat(header, to_avro(F.from_json(F.col("row"), row_schema), schema))
-    rows = frame.where(F.col("kind") == RECORD)
-    key = _java(frame, "pick", _jc(F.col("row")), json.dumps(list(keys))) if keys else None
-    return rows.select(
-        F.lit(topic).alias("topic"),
-        (key.cast("binary") if key is not None else F.lit(None).cast("binary")).alias("key"),
-        value.alias("value"),
-        F.lit(None).cast("string").alias("_o1"),
-        F.monotonically_increasing_id().alias("_o2"),
-        F.lit(0).cast("bigint").alias("_o3"),
-    )
+    return _plain_records(frame, [F.lit(topic)], keys, value)
 
 
 def protobuf_records(
@@ -232,18 +232,9 @@ def protobuf_records(
     """A plain stream's records on ``topic`` as Protobuf in the schema registry's wire
     format (a zero byte, the 4-byte schema id, message index 0, the message), encoded from
     the row's JSON by the engine (Protobuf.java), keyed as ``stream_records`` keys them."""
-    rows = frame.where(F.col("kind") == RECORD)
     engine = jvm_engine(frame.sparkSession).Protobuf
     value = ClassicColumn(engine.encode(_jc(F.col("row")), descriptors, message, schema_id))
-    key = _java(frame, "pick", _jc(F.col("row")), json.dumps(list(keys))) if keys else None
-    return rows.select(
-        F.lit(topic).alias("topic"),
-        (key.cast("binary") if key is not None else F.lit(None).cast("binary")).alias("key"),
-        value.alias("value"),
-        F.lit(None).cast("string").alias("_o1"),
-        F.monotonically_increasing_id().alias("_o2"),
-        F.lit(0).cast("bigint").alias("_o3"),
-    )
+    return _plain_records(frame, [F.lit(topic)], keys, value)
 
 
 def dead_letters(
